@@ -1,0 +1,37 @@
+"""Model: which HF checkpoint, precision, attention implementation and activation recompute."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPES = ("fp32", "bf16", "fp16")
+RECOMPUTE = ("none", "selective", "full")
+ATTENTION = ("auto", "sdpa", "te", "local")
+
+
+@dataclass
+class ModelConfig:
+    path: str = ""
+    """HF checkpoint folder (config.json + safetensors + tokenizer). Its config picks the architecture."""
+    dtype: str = "bf16"
+    """Compute dtype of the weights: bf16 / fp16 keep fp32 master weights in the optimizer; fp32 is exact."""
+    attention: str = "auto"
+    """auto: Transformer Engine when importable, else torch SDPA. sdpa / te / local force one."""
+    recompute: str = "none"
+    """Activation recompute: none, selective (attention core only) or full (whole layers)."""
+    recompute_num_layers: int = 1
+    """With recompute=full: layers per recompute chunk (uniform method)."""
+    max_seq_len: int = 4096
+    """Longest prompt + response the model is built for (rotary table size)."""
+    critic_value_head_std: float = 0.0
+    """Init std of the critic's value head (0 = zeros, so initial values are 0)."""
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"model.dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.recompute not in RECOMPUTE:
+            raise ValueError(f"model.recompute must be one of {RECOMPUTE}, got {self.recompute!r}")
+        if self.attention not in ATTENTION:
+            raise ValueError(f"model.attention must be one of {ATTENTION}, got {self.attention!r}")
+        if self.recompute_num_layers < 1:
+            raise ValueError(f"model.recompute_num_layers must be >= 1, got {self.recompute_num_layers}")

@@ -1,0 +1,32 @@
+"""Parallel layout: tensor, pipeline and data parallel sizes (data parallel is what is left of the world)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ParallelConfig:
+    tp: int = 1
+    """Tensor-parallel size: attention heads, query groups and the vocabulary are split this many ways."""
+    pp: int = 1
+    """Pipeline-parallel size: the layers are split into this many stages."""
+    vpp: int | None = None
+    """Virtual pipeline stages per rank (interleaved schedule); None for the plain 1F1B schedule."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism (needs Transformer Engine or apex norms; ignored at tp=1)."""
+    seed: int = 1234
+    """Seed of the model-parallel RNG tracker (dropout, init)."""
+    distributed_timeout_minutes: int = 30
+    """torch.distributed timeout: how long a collective may wait for a stuck peer."""
+
+    def __post_init__(self):
+        for name in ("tp", "pp"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"parallel.{name} must be a positive integer, got {value!r}")
+        if self.vpp is not None and (self.vpp < 1 or self.pp == 1):
+            raise ValueError(
+                f"parallel.vpp ({self.vpp}) needs pipeline parallelism (parallel.pp > 1, got {self.pp}) "
+                "and must be >= 1; set parallel.vpp=null otherwise"
+            )

@@ -1,0 +1,229 @@
+"""HF config.json -> Megatron-Core TransformerConfig and GPTModel: the actor, the reference and the critic.
+
+    hf = load_hf_config(path)
+    actor_chunks = build_model(hf, ModelConfig(path=path), ParallelConfig(tp=2))
+    critic_chunks = build_model(hf, model_cfg, parallel_cfg, value_head=True)
+
+`build_model` returns one GPTModel per virtual pipeline stage held by this rank (a list of one without virtual
+pipelining), with random weights: load real ones through mcore_rl.bridge. Parallel state must be initialised
+first (mcore_rl.parallel.initialize).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.models.gpt import GPTModel
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from mcore_rl.config.model import ModelConfig
+from mcore_rl.config.parallel import ParallelConfig
+from mcore_rl.models.arch import resolve_arch
+from mcore_rl.models.specs import layer_spec
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def te_available() -> bool:
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def use_te(model_cfg: ModelConfig) -> bool:
+    if model_cfg.attention == "te":
+        if not te_available():
+            raise ValueError("model.attention=te but transformer_engine is not importable; use auto or sdpa")
+        return True
+    return model_cfg.attention == "auto" and te_available() and torch.cuda.is_available()
+
+
+def _rope(hf: dict) -> tuple[float, dict | None]:
+    """(theta, scaling) from either transformers-5 `rope_parameters` or the older rope_theta/rope_scaling."""
+    params = hf.get("rope_parameters")
+    if params:
+        theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
+        kind = params.get("rope_type", "default")
+        return theta, (None if kind == "default" else dict(params, rope_type=kind))
+    scaling = hf.get("rope_scaling")
+    if scaling:
+        scaling = dict(scaling)
+        scaling["rope_type"] = scaling.get("rope_type", scaling.get("type", "default"))
+        if scaling["rope_type"] == "default":
+            scaling = None
+    return hf.get("rope_theta", 10000.0), scaling
+
+
+def rope_kwargs(hf: dict) -> dict:
+    """GPTModel keyword arguments for the checkpoint's rotary embedding; unsupported scalings are refused."""
+    theta, scaling = _rope(hf)
+    kwargs = {"rotary_base": theta}
+    if scaling is None:
+        return kwargs
+    kind = scaling["rope_type"]
+    if kind == "linear":
+        kwargs["seq_len_interpolation_factor"] = float(scaling["factor"])
+    elif kind == "llama3":
+        # Megatron's llama3 scaling hard-codes low/high frequency factors 1 and 4 and 8192 original positions.
+        expected = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+        for key, want in expected.items():
+            if float(scaling.get(key, want)) != want:
+                raise ValueError(f"llama3 rope scaling with {key}={scaling[key]} is not supported (only {want})")
+        kwargs["rope_scaling"] = True
+        kwargs["rope_scaling_factor"] = float(scaling["factor"])
+    else:
+        raise ValueError(f"rope scaling type {kind!r} is not supported; supported: default, linear, llama3")
+    return kwargs
+
+
+def padded_vocab_size(vocab_size: int, tp: int) -> int:
+    """Smallest multiple of tp holding the vocabulary; padded logits are masked out by the engine."""
+    return -(-vocab_size // tp) * tp
+
+
+def validate_layout(hf: dict, parallel: ParallelConfig) -> None:
+    heads = hf["num_attention_heads"]
+    groups = hf.get("num_key_value_heads") or heads
+    layers = hf["num_hidden_layers"]
+    if heads % parallel.tp:
+        raise ValueError(f"num_attention_heads ({heads}) is not divisible by parallel.tp ({parallel.tp})")
+    if groups % parallel.tp:
+        raise ValueError(
+            f"num_key_value_heads / query groups ({groups}) is not divisible by parallel.tp ({parallel.tp})"
+        )
+    stages = parallel.pp * (parallel.vpp or 1)
+    if layers % stages:
+        raise ValueError(
+            f"num_hidden_layers ({layers}) is not divisible by parallel.pp ({parallel.pp})"
+            + (f" x parallel.vpp ({parallel.vpp})" if parallel.vpp else "")
+        )
+
+
+def transformer_config(hf: dict, model_cfg: ModelConfig, parallel: ParallelConfig) -> TransformerConfig:
+    arch = resolve_arch(hf)
+    validate_layout(hf, parallel)
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act {hf.get('hidden_act')!r} is not supported (only silu)")
+    dtype = TORCH_DTYPES[model_cfg.dtype]
+    heads = hf["num_attention_heads"]
+    recompute = {}
+    if model_cfg.recompute == "selective":
+        recompute = dict(recompute_granularity="selective", recompute_modules=["core_attn"])
+    elif model_cfg.recompute == "full":
+        recompute = dict(recompute_granularity="full", recompute_method="uniform",
+                         recompute_num_layers=model_cfg.recompute_num_layers)
+    sp = parallel.sequence_parallel and parallel.tp > 1
+    cfg = TransformerConfig(
+        num_layers=hf["num_hidden_layers"],
+        hidden_size=hf["hidden_size"],
+        ffn_hidden_size=hf["intermediate_size"],
+        num_attention_heads=heads,
+        num_query_groups=hf.get("num_key_value_heads") or heads,
+        kv_channels=hf.get("head_dim") or hf["hidden_size"] // heads,
+        normalization="RMSNorm",
+        layernorm_epsilon=hf.get("rms_norm_eps", 1e-6),
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=arch.qkv_bias or bool(hf.get("attention_bias", False)),
+        qk_layernorm=arch.qk_norm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=parallel.tp,
+        pipeline_model_parallel_size=parallel.pp,
+        virtual_pipeline_model_parallel_size=parallel.vpp,
+        sequence_parallel=sp,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=model_cfg.dtype == "bf16",
+        fp16=model_cfg.dtype == "fp16",
+        # Weights are replaced by real checkpoints; CPU init keeps random init identical across layouts.
+        use_cpu_initialization=not torch.cuda.is_available(),
+        perform_initialization=True,
+        init_method_std=hf.get("initializer_range", 0.02),
+        variable_seq_lengths=True,  # pipeline p2p exchanges shapes: micro batches differ in length
+        moe_token_dispatcher_type="alltoall",  # required with variable_seq_lengths, unused without MoE
+        masked_softmax_fusion=False,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        deallocate_pipeline_outputs=True,
+        **recompute,
+    )
+    window = hf.get("sliding_window")
+    if window is not None and hf.get("use_sliding_window", True) and arch.name == "mistral":
+        cfg.mcore_rl_sliding_window = int(window)
+    return cfg
+
+
+class ValueHead(torch.nn.Module):
+    """Scalar head of the critic: replaces the LM output layer, replicated across tensor-parallel ranks.
+
+    Called like Megatron's output layer: `head(hidden [s, b, h], weight=None, ...) -> ([s, b, 1], None)`.
+    With sequence parallelism each TP rank sees a slice of the sequence, so its gradient is marked for the
+    TP all-reduce Megatron applies to sequence-parallel parameters.
+    """
+
+    def __init__(self, hidden_size: int, dtype: torch.dtype, std: float, sequence_parallel: bool):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(1, hidden_size, dtype=dtype))
+        self.bias = torch.nn.Parameter(torch.zeros(1, dtype=dtype))
+        with torch.no_grad():
+            if std > 0:
+                self.weight.normal_(0.0, std)
+            else:
+                self.weight.zero_()
+        for p in (self.weight, self.bias):
+            p.sequence_parallel = sequence_parallel
+        self.sequence_parallel = sequence_parallel
+
+    def forward(self, hidden, weight=None, runtime_gather_output=None):
+        if self.sequence_parallel:
+            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=True)
+        return F.linear(hidden, self.weight, self.bias), None
+
+
+def build_model(
+    hf: dict,
+    model_cfg: ModelConfig,
+    parallel: ParallelConfig,
+    value_head: bool = False,
+) -> list[GPTModel]:
+    """This rank's GPTModel chunks (one per virtual pipeline stage), on the current device."""
+    cfg = transformer_config(hf, model_cfg, parallel)
+    spec = layer_spec(cfg, use_te(model_cfg))
+    tied = bool(hf.get("tie_word_embeddings", False)) and not value_head
+    vocab = padded_vocab_size(hf["vocab_size"], parallel.tp)
+    device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
+    chunks = []
+    for vp in range(parallel.vpp or 1):
+        vp_stage = vp if parallel.vpp else None
+        pre = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
+        post = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
+        model = GPTModel(
+            config=cfg,
+            transformer_layer_spec=spec,
+            vocab_size=vocab,
+            max_sequence_length=max(model_cfg.max_seq_len, hf.get("max_position_embeddings", 0)),
+            pre_process=pre,
+            post_process=post,
+            share_embeddings_and_output_weights=tied,
+            position_embedding_type="rope",
+            vp_stage=vp_stage,
+            **rope_kwargs(hf),
+        )
+        if value_head and post:
+            model.output_layer = ValueHead(
+                hf["hidden_size"], cfg.params_dtype, model_cfg.critic_value_head_std, cfg.sequence_parallel
+            )
+        model.to(device)
+        # What the engine needs to mask vocabulary padding and to label the model.
+        model.mcore_rl_vocab_size = hf["vocab_size"]
+        model.mcore_rl_is_critic = value_head
+        chunks.append(model)
+    return chunks

@@ -1,0 +1,19 @@
+"""Transformer layer specs: Megatron's local modules with torch SDPA core attention, or Transformer Engine."""
+
+from __future__ import annotations
+
+from megatron.core.transformer.spec_utils import ModuleSpec
+
+from mcore_rl.models.attention import SDPAttention
+
+
+def layer_spec(config, use_te: bool) -> ModuleSpec:
+    if use_te:
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=config.qk_layernorm)
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=config.qk_layernorm)
+    spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    return spec
