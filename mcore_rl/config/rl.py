@@ -1,0 +1,116 @@
+"""Actor, critic, reference and algorithm settings of an RL run (see conf/{actor,critic,ref,algorithm}/)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LOSS_AGG = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+@dataclass
+class OptimSettings:
+    lr: float = 1e-6
+    min_lr: float = 0.0
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    """Global gradient-norm clip (0 disables)."""
+    lr_warmup_steps: int = 0
+    """Optimizer steps of linear warmup from 0 to lr."""
+    lr_decay_style: str = "constant"
+    """constant | cosine | linear, from the end of warmup to trainer.total_steps x updates a step."""
+
+    def __post_init__(self):
+        if self.lr <= 0:
+            raise ValueError(f"lr must be positive, got {self.lr}")
+        if self.lr_decay_style not in ("constant", "cosine", "linear"):
+            raise ValueError(f"lr_decay_style must be constant, cosine or linear, got {self.lr_decay_style!r}")
+        if self.clip_grad < 0:
+            raise ValueError(f"clip_grad must be >= 0 (0 disables clipping), got {self.clip_grad}")
+
+
+@dataclass
+class ActorConfig(OptimSettings):
+    ppo_epochs: int = 1
+    """Passes over each step's rollouts."""
+    mini_batch_size: int = 0
+    """Samples (prompt x n) per optimizer step; 0 = the whole step's rollouts in one update."""
+    max_tokens_per_micro_batch: int = 4096
+    """Token budget of one packed micro batch (dynamic batching); a longer single sequence gets its own."""
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    """clip-higher (DAPO): a larger high clip lets unlikely tokens gain probability."""
+    clip_ratio_c: float | None = None
+    """dual-clip bound for negative advantages (e.g. 3.0); None disables."""
+    policy_loss: str = "ppo"
+    """ppo | gspo | vanilla (registered names in mcore_rl.algorithms)."""
+    loss_agg_mode: str = "token-mean"
+    entropy_coef: float = 0.0
+    kl_loss_coef: float = 0.0
+    """KL to the reference as a loss term (GRPO style); 0 disables. See algorithm.kl_in_reward for the other way."""
+    kl_loss_estimator: str = "k3"
+    tis_cap: float | None = None
+    """Truncated importance sampling of the train/rollout log-prob gap (cap, e.g. 2.0); None = off."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.loss_agg_mode not in LOSS_AGG:
+            raise ValueError(f"actor.loss_agg_mode must be one of {LOSS_AGG}, got {self.loss_agg_mode!r}")
+        if self.ppo_epochs < 1:
+            raise ValueError(f"actor.ppo_epochs must be >= 1, got {self.ppo_epochs}")
+        if self.mini_batch_size < 0:
+            raise ValueError(f"actor.mini_batch_size must be >= 0, got {self.mini_batch_size}")
+        if self.max_tokens_per_micro_batch < 1:
+            raise ValueError(f"actor.max_tokens_per_micro_batch must be >= 1, got {self.max_tokens_per_micro_batch}")
+
+
+@dataclass
+class CriticConfig(OptimSettings):
+    enabled: bool = False
+    """A critic is built (same backbone as the actor, scalar head) when the estimator needs values (gae)."""
+    lr: float = 1e-5
+    cliprange_value: float = 0.5
+    value_loss_coef: float = 1.0
+    ppo_epochs: int = 1
+    max_tokens_per_micro_batch: int = 4096
+
+
+@dataclass
+class RefConfig:
+    enabled: bool = True
+    """Keep a frozen reference model for the KL term (needed when any KL coefficient is > 0)."""
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = "grpo"
+    """A label for logs: grpo, ppo, rloo, reinforce_pp, dr_grpo ..."""
+    adv_estimator: str = "grpo"
+    """Registered advantage estimator: gae, grpo, dr_grpo, rloo, reinforce_pp, reinforce."""
+    n_samples_per_prompt: int = 4
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std: bool = True
+    kl_in_reward: bool = False
+    """Subtract kl_coef x KL(per token) from the reward (PPO/RLHF style)."""
+    kl_coef: float = 0.0
+    kl_estimator: str = "k1"
+    kl_adaptive: bool = False
+    kl_target: float = 6.0
+    kl_horizon: int = 10000
+    dynamic_sampling: bool = False
+    """DAPO: drop groups whose rewards are all equal (they carry no GRPO signal)."""
+    overlong_buffer: int = 0
+    """DAPO soft overlong punishment: tokens before max_new_tokens where the penalty ramps in (0 = off)."""
+    overlong_penalty: float = 1.0
+
+    def __post_init__(self):
+        if self.n_samples_per_prompt < 1:
+            raise ValueError(f"algorithm.n_samples_per_prompt must be >= 1, got {self.n_samples_per_prompt}")
+        if self.adv_estimator in ("grpo", "dr_grpo", "rloo") and self.n_samples_per_prompt < 2:
+            raise ValueError(
+                f"algorithm.adv_estimator={self.adv_estimator} compares samples of one prompt: set "
+                f"algorithm.n_samples_per_prompt >= 2 (got {self.n_samples_per_prompt})"
+            )
