@@ -6,7 +6,7 @@ maximum response length):
     token-mean               sum_{i,t} l_it / sum_i n_i                      (DAPO "token-level" loss)
     seq-mean-token-sum       (1/B') sum_i sum_t l_it
     seq-mean-token-mean      (1/B') sum_i (1/n_i) sum_t l_it                 (original GRPO / GSPO)
-    seq-mean-token-sum-norm  (1/B') sum_i (1/L) sum_t l_it                   (Dr. GRPO, Liu et al. 2025, sec. 3.1)
+    seq-mean-token-sum-norm  (1/B') sum_i (1/L) sum_t l_it                   (Dr. GRPO, Liu et al. 2025)
 
 Micro-batching and data parallelism. The denominators (`sum_i n_i`, `B'`) belong to the whole mini-batch (every
 micro batch on every DP rank that contributes to one optimizer step). Pass them as `global_num_tokens` /
@@ -15,16 +15,16 @@ micro batch on every DP rank that contributes to one optimizer step). Pass them 
 across micro batches, so `n_i` is always local.
 
 Convention: the contributions of all micro batches on all DP ranks SUM to the full-batch loss. Megatron-Core
-divides each micro batch's loss by `num_microbatches` (forward_step, when the loss function returns a
-2-tuple) and its DDP averages gradients over the DP group. So the loss function handed to the engine returns
+divides each micro batch's loss by `num_microbatches` (schedules.forward_step_calc_loss, when the loss function
+returns a 2-tuple) and its DistributedDataParallel scales the all-reduced gradients by 1 / dp_size. So, with
+the same number of micro batches on every rank, the loss function handed to the engine returns
 
     contribution * num_microbatches * dp_size
 
 and the optimizer then sees exactly the gradient of the full-batch loss. (With `calculate_per_token_loss=True`
 the engine instead sums and divides by the token count it is given; then return the un-normalised sum and
-let it divide.) Context parallelism needs no extra factor: Megatron multiplies by cp_size and DDP averages
-over dp*cp, which cancel; but `seq-mean-token-mean` then needs the full-sequence `n_i`, which is not handled
-here. Without global normalisers every function normalises by its own batch (right for a single micro batch).
+let it divide.) Context parallelism is not handled here: the counts and `n_i` assume every rank holds whole
+sequences. Without global normalisers every function normalises by its own batch (right for one micro batch).
 Padding rows (all-zero mask) are never counted, so padding a batch to a fixed size does not change the loss.
 """
 
@@ -104,9 +104,8 @@ def compute_global_normalizers(
     """Count response tokens and non-empty sequences over the micro-batch masks of one mini-batch.
 
     response_masks: this rank's micro-batch masks, each [B_k, T_k] 0/1 (widths may differ).
-    process_group: when given (the DP group, or dp*cp for token counts under CP), the counts are summed over it
-        with one all-reduce, so every rank gets the mini-batch totals. Without it, pass all masks of all ranks
-        or all-reduce the result yourself.
+    process_group: when given (the DP group), the counts are summed over it with one all-reduce, so every rank
+        gets the mini-batch totals. Without it, pass the masks of all ranks, or all-reduce the counts yourself.
     Call this once per mini-batch, before the micro-batch loop (one collective, no host sync).
     """
     if len(response_masks) == 0:

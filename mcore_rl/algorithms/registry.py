@@ -30,7 +30,9 @@ _PARAMS: dict[Callable[..., Any], dict[str, inspect.Parameter]] = {}
 def _register(table: dict[str, Callable[..., Any]], kind: str, name: str) -> Callable[[Callable], Callable]:
     def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
         if name in table:
-            raise ValueError(f"{kind} '{name}' is already registered (by {table[name].__qualname__}); pick another name")
+            raise ValueError(
+                f"{kind} '{name}' is already registered (by {table[name].__qualname__}); pick another name"
+            )
         params = inspect.signature(fn).parameters
         variadic = [p.name for p in params.values() if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
         if variadic:
