@@ -95,9 +95,9 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[RowLocation, dict[str, Any] | str]
                 continue
             where = RowLocation(str(path), line_no, "line")
             try:
-                row = json.loads(line)
+                row = json.loads(line.rstrip("\r\n"))
             except json.JSONDecodeError as e:
-                yield where, f"invalid JSON ({e.msg} at column {e.colno})"
+                yield where, f"invalid JSON ({e.msg} at column {e.pos + 1})"
                 continue
             yield where, row if isinstance(row, dict) else f"expected a JSON object, got {type(row).__name__}"
 
@@ -135,14 +135,14 @@ class RowErrors:
             raise ValueError(f"on_bad_row ({on_bad_row!r}) must be 'error' or 'skip'")
         self.on_bad_row = on_bad_row
         self.max_examples = max_examples
-        self.count = 0
+        self.num_bad_rows = 0
         self.examples: list[str] = []
 
     def add(self, location: RowLocation, problem: str) -> None:
         error = BadRowError(location, problem)
         if self.on_bad_row == "error":
             raise error
-        self.count += 1
+        self.num_bad_rows += 1
         if len(self.examples) < self.max_examples:
             self.examples.append(str(error))
             logger.warning("skipping bad row: %s", error)

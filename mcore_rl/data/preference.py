@@ -58,7 +58,8 @@ def load_preference_dataset(cfg: PreferenceDataConfig, tokenizer: Any, split: st
         require_chat_template(tokenizer)
     eos = tokenizer.eos_token_id
     if eos is None:
-        raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', '?')} has no eos_token; DPO responses need one")
+        name = getattr(tokenizer, "name_or_path", "?")
+        raise ValueError(f"tokenizer {name} has no eos_token; DPO responses end with one")
 
     stats = DatasetStats()
     errors = RowErrors(cfg.on_bad_row)
@@ -95,7 +96,7 @@ def load_preference_dataset(cfg: PreferenceDataConfig, tokenizer: Any, split: st
             continue
         items.append(PreferenceItem(len(items), p, c, r, text, source))
 
-    stats.num_bad_rows = errors.count
+    stats.num_bad_rows = errors.num_bad_rows
     stats.bad_row_examples = errors.examples
     logger.info(
         "%s preference pairs: %d rows read, %d kept, %d malformed rows skipped, %d too long dropped",

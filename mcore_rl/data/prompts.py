@@ -1,9 +1,10 @@
 """RL prompt datasets: rows -> validated, chat-templated, tokenised prompts with their answers and reward fields.
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    dataset = load_prompt_dataset(DataConfig(train_files=["data/train.jsonl"]), tokenizer)
-    sampler = EpochSampler(len(dataset), batch_size=64, seed=cfg.seed)
-    items = [dataset[i] for i in sampler.next_indices()]
+    cfg = DataConfig(train_files=["data/train.jsonl"])
+    dataset = load_prompt_dataset(cfg, tokenizer)
+    sampler = EpochSampler(dataset, batch_size=64, shuffle=cfg.shuffle, seed=cfg.seed)
+    items = sampler.next_batch()          # list[PromptItem]; sampler.state_dict() goes into checkpoints
 
 Every DP rank builds the same dataset and sampler and so draws the same global batch; see `shard_batch`.
 """
@@ -28,6 +29,7 @@ from mcore_rl.data.templating import (
 )
 
 logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class PromptItem:
@@ -111,7 +113,7 @@ def load_prompt_dataset(cfg: DataConfig, tokenizer: Any, split: str = "train") -
             continue
         items.append(PromptItem(len(items), ids, text, meta, source))
 
-    stats.num_bad_rows = errors.count
+    stats.num_bad_rows = errors.num_bad_rows
     stats.bad_row_examples = errors.examples
     _log_stats(split, stats, cfg.max_prompt_length)
     if not items:

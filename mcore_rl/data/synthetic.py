@@ -1,0 +1,136 @@
+"""Seeded synthetic tasks for the CPU recipe and tests: arithmetic problems, DPO pairs built from them, countdown.
+
+Rows use the default column names of DataConfig / PreferenceDataConfig ("prompt", "answer", "chosen",
+"rejected"); countdown rows also carry "numbers" and "target" for `DataConfig.meta_keys`. The same arguments give
+the same rows. `examples/make_arithmetic_data.py` writes them to jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+ARITHMETIC_SUFFIX = "Give the final answer after ####."
+
+
+def make_arithmetic_rows(
+    num_rows: int,
+    *,
+    seed: int = 0,
+    num_operands: int = 2,
+    min_digits: int = 1,
+    max_digits: int = 2,
+    operators: str = "+-",
+) -> list[dict[str, str]]:
+    """Problems like "What is 23 + 48? Give the final answer after ####." with answer "71".
+
+    Operands have between min_digits and max_digits digits (one digit: 0..9); operators are drawn from
+    `operators` (any of "+-*"); the answer follows the usual precedence and can be negative.
+    """
+    if num_operands < 2:
+        raise ValueError(f"num_operands ({num_operands}) must be at least 2")
+    if not 1 <= min_digits <= max_digits:
+        raise ValueError(f"need 1 <= min_digits ({min_digits}) <= max_digits ({max_digits})")
+    if not operators or set(operators) - set("+-*"):
+        raise ValueError(f"operators ({operators!r}) must be a non-empty string of '+', '-', '*'")
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(num_rows):
+        operands = [_random_operand(rng, min_digits, max_digits) for _ in range(num_operands)]
+        ops = [rng.choice(operators) for _ in range(num_operands - 1)]
+        expr = " ".join([str(operands[0])] + [f"{op} {b}" for op, b in zip(ops, operands[1:], strict=True)])
+        rows.append({"prompt": f"What is {expr}? {ARITHMETIC_SUFFIX}", "answer": str(_evaluate(operands, ops))})
+    return rows
+
+
+def make_preference_rows(num_rows: int, *, seed: int = 0, **arithmetic: Any) -> list[dict[str, str]]:
+    """DPO pairs over arithmetic problems: chosen states the right answer, rejected a wrong one (off by 1..10)."""
+    rng = random.Random(seed + 1)  # independent of the problem stream
+    rows = []
+    for row in make_arithmetic_rows(num_rows, seed=seed, **arithmetic):
+        expr = row["prompt"].removeprefix("What is ").split("?")[0]
+        right = int(row["answer"])
+        wrong = right + rng.choice([-1, 1]) * rng.randint(1, 10)
+        rows.append({
+            "prompt": row["prompt"],
+            "chosen": f"{expr} = {right}. #### {right}",
+            "rejected": f"{expr} = {wrong}. #### {wrong}",
+        })  # fmt: skip
+    return rows
+
+
+def make_countdown_rows(
+    num_rows: int,
+    *,
+    seed: int = 0,
+    num_numbers: int = 4,
+    max_number: int = 50,
+    max_target: int = 1000,
+    use_all_numbers: bool = False,
+) -> list[dict[str, Any]]:
+    """Countdown: reach "target" with + - * / over "numbers", each used at most once (exactly once when
+    use_all_numbers). Every row is solvable: the target comes from a random expression over the numbers, which
+    is kept in "answer" as a reference solution. Check responses with `mcore_rl.rewards.countdown_reward`.
+    """
+    if num_numbers < 2:
+        raise ValueError(f"num_numbers ({num_numbers}) must be at least 2")
+    if max_number < 1 or max_target < 1:
+        raise ValueError(f"max_number ({max_number}) and max_target ({max_target}) must be positive")
+    rng = random.Random(seed)
+    rule = "exactly once" if use_all_numbers else "at most once"
+    rows = []
+    while len(rows) < num_rows:
+        numbers = [rng.randint(1, max_number) for _ in range(num_numbers)]
+        used = rng.sample(numbers, num_numbers if use_all_numbers else rng.randint(2, num_numbers))
+        solution, target = _random_expression(rng, used)
+        if not 1 <= target <= max_target:
+            continue
+        prompt = (
+            f"Using the numbers {numbers}, create an equation that equals {target}. You can use + - * / and "
+            f"parentheses, and each number {rule}. Show your work, then give the equation alone in "
+            "<answer> </answer> tags, for example <answer> (1 + 2) / 3 </answer>."
+        )
+        rows.append({"prompt": prompt, "answer": solution, "numbers": numbers, "target": target})
+    return rows
+
+
+def write_jsonl(rows: Iterable[dict[str, Any]], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    return path
+
+
+def _random_operand(rng: random.Random, min_digits: int, max_digits: int) -> int:
+    digits = rng.randint(min_digits, max_digits)
+    return rng.randint(0 if digits == 1 else 10 ** (digits - 1), 10**digits - 1)
+
+
+def _evaluate(operands: list[int], ops: list[str]) -> int:
+    """+, - and * with * binding tighter."""
+    total, term, sign = 0, operands[0], 1
+    for op, b in zip(ops, operands[1:], strict=True):
+        if op == "*":
+            term *= b
+        else:
+            total += sign * term
+            sign, term = (1 if op == "+" else -1), b
+    return total + sign * term
+
+
+def _random_expression(rng: random.Random, numbers: list[int]) -> tuple[str, int]:
+    """Fold the numbers left to right with random operators, keeping every intermediate a positive integer."""
+    expr, value = str(numbers[0]), numbers[0]
+    for b in numbers[1:]:
+        ops = ["+", "*"] + (["-"] if value > b else []) + (["/"] if value % b == 0 else [])
+        op = rng.choice(ops)
+        if op in "*/" and not expr.isdigit():
+            expr = f"({expr})"
+        expr = f"{expr} {op} {b}"
+        value = {"+": value + b, "-": value - b, "*": value * b, "/": value // b}[op]
+    return expr, value
