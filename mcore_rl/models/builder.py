@@ -87,17 +87,44 @@ def validate_layout(hf: dict, parallel: ParallelConfig) -> None:
     groups = hf.get("num_key_value_heads") or heads
     layers = hf["num_hidden_layers"]
     if heads % parallel.tp:
-        raise ValueError(f"num_attention_heads ({heads}) is not divisible by parallel.tp ({parallel.tp})")
+        raise ValueError(
+            f"num_attention_heads ({heads}) is not divisible by parallel.tp ({parallel.tp}); "
+            f"use a parallel.tp that divides {heads}"
+        )
     if groups % parallel.tp:
         raise ValueError(
-            f"num_key_value_heads / query groups ({groups}) is not divisible by parallel.tp ({parallel.tp})"
+            f"num_key_value_heads / query groups ({groups}) is not divisible by parallel.tp ({parallel.tp}); "
+            f"each tensor-parallel rank needs whole query groups: use a parallel.tp that divides {groups}"
         )
     stages = parallel.pp * (parallel.vpp or 1)
     if layers % stages:
+        what = "parallel.pp x parallel.vpp" if parallel.vpp else "parallel.pp"
         raise ValueError(
             f"num_hidden_layers ({layers}) is not divisible by parallel.pp ({parallel.pp})"
-            + (f" x parallel.vpp ({parallel.vpp})" if parallel.vpp else "")
+            + (f" x parallel.vpp ({parallel.vpp}) = {stages}" if parallel.vpp else "")
+            + f"; every pipeline stage holds the same number of layers: choose {what} dividing {layers}"
         )
+
+
+def _refuse_unmapped_features(hf: dict, arch) -> None:
+    """Config switches the Megatron model below cannot express: refused rather than silently ignored."""
+    if hf.get("mlp_bias"):
+        raise ValueError("mlp_bias=True is not supported: this Megatron model has no MLP biases")
+    if hf.get("attention_bias") and not arch.qkv_bias:
+        raise ValueError(
+            f"attention_bias=True is not supported for {arch.hf_class}: it also puts a bias on o_proj, which this "
+            "Megatron model (add_bias_linear=False) has no place for"
+        )
+    if arch.name in ("qwen2", "qwen3") and hf.get("use_sliding_window") and hf.get("sliding_window") is not None:
+        layers = hf["num_hidden_layers"]
+        kinds = hf.get("layer_types") or [
+            "sliding_attention" if i >= hf.get("max_window_layers", layers) else "full_attention"
+            for i in range(layers)]
+        if "sliding_attention" in kinds:
+            raise ValueError(
+                f"{arch.hf_class} with use_sliding_window=True (sliding window on some layers) is not supported; "
+                "set use_sliding_window=false in config.json if sequences never exceed sliding_window"
+            )
 
 
 def transformer_config(hf: dict, model_cfg: ModelConfig, parallel: ParallelConfig) -> TransformerConfig:
@@ -105,6 +132,7 @@ def transformer_config(hf: dict, model_cfg: ModelConfig, parallel: ParallelConfi
     validate_layout(hf, parallel)
     if hf.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {hf.get('hidden_act')!r} is not supported (only silu)")
+    _refuse_unmapped_features(hf, arch)
     dtype = TORCH_DTYPES[model_cfg.dtype]
     heads = hf["num_attention_heads"]
     recompute = {}

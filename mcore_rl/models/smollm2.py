@@ -34,14 +34,29 @@ def gguf_path() -> Path:
 
 def ensure_hf_folder(cache_dir: str | os.PathLike | None = None, dtype: str = "float32") -> Path:
     """Return an HF folder with SmolLM2-135M-Instruct, converting the GGUF on first use (about 40 s)."""
+    import fcntl
+
     out = Path(cache_dir) if cache_dir else default_cache_dir()
-    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+    if _complete(out):
         return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Several ranks may ask at once: one converts, the others wait on the lock and then find the folder.
+    with open(str(out) + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _complete(out):
+            return out
+        return _convert(out, dtype)
+
+
+def _complete(out: Path) -> bool:
+    return (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+
+
+def _convert(out: Path, dtype: str) -> Path:
     import torch
     import transformers
 
     src = gguf_path()
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
     try:
         tok = transformers.AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
@@ -56,9 +71,8 @@ def ensure_hf_folder(cache_dir: str | os.PathLike | None = None, dtype: str = "f
         plain.to(getattr(torch, dtype))
         plain.save_pretrained(str(tmp), safe_serialization=True)
         tok.save_pretrained(str(tmp))
-        if out.exists():  # another process finished first
-            shutil.rmtree(tmp)
-            return out
+        if out.exists():  # a stale, incomplete folder from an interrupted conversion
+            shutil.rmtree(out)
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -12,9 +12,9 @@ Megatron modules (`PATCHED_MODULES`) for a proxy that forwards everything to tor
   the CPU generator, which is what CPU dropout uses), and whose memory queries return 0.
 * tensor factories (`zeros`, `empty`, `ones`, `tensor`, ...): a `device` of "cuda" becomes "cpu".
 
-Code outside those modules, ours included, sees the real torch. Three type-string checks are fixed by wrapping
-the function that makes them (`_patch_type_checks`). `apply()` is idempotent; `PATCHED_MODULES` and the tests in
-tests/parallel/test_cpu_compat.py say exactly what is covered.
+Code outside those modules, ours included, sees the real torch. Type-string checks are fixed by wrapping the
+functions that make them (`TYPE_CHECK_SITES`). `apply()` is idempotent; `PATCHED_MODULES`, `TYPE_CHECK_SITES`
+and the tests in tests/parallel/test_cpu_compat.py say exactly what is covered.
 """
 
 from __future__ import annotations
@@ -185,52 +185,90 @@ def _patch_rng():
     rnd._set_cuda_rng_state = lambda new_state, device=-1, graph_safe=False: torch.set_rng_state(new_state)
 
 
+# Where Megatron compares `tensor.type()` with a CUDA type name: (module, owner attribute or None, function).
+# Found on the CPU training path of megatron-core 0.16.1 (bf16 and fp32, distributed optimizer and not):
+#   Float16OptimizerWithFloat16Params.__init__   groups params by 'torch.cuda.{Half,BFloat16,Float}Tensor'
+#   DistributedOptimizer.__init__                 marks 16-bit params and builds main-param groups the same way
+#   clip_grads.clip_grad_by_total_norm_fp32       asserts grads are 'torch.cuda.FloatTensor' (also imported by
+#                                                 name into optimizer.py, so both references are wrapped)
+TYPE_CHECK_SITES = (
+    ("megatron.core.optimizer.optimizer", "Float16OptimizerWithFloat16Params", "__init__"),
+    ("megatron.core.optimizer.distrib_optimizer", "DistributedOptimizer", "__init__"),
+    ("megatron.core.optimizer.clip_grads", None, "clip_grad_by_total_norm_fp32"),
+    ("megatron.core.optimizer.optimizer", None, "clip_grad_by_total_norm_fp32"),
+)
+
+CUDA_TYPE_NAMES = {
+    "torch.FloatTensor": "torch.cuda.FloatTensor",
+    "torch.HalfTensor": "torch.cuda.HalfTensor",
+    "torch.BFloat16Tensor": "torch.cuda.BFloat16Tensor",
+}
+
+
 def _patch_type_checks():
     """Type strings: Megatron checks `t.type() == "torch.cuda.FloatTensor"`; on CPU the type has no "cuda.".
+    Only inside the functions of TYPE_CHECK_SITES is a CPU tensor's .type() rewritten to its CUDA name."""
+    _wrap_sites(TYPE_CHECK_SITES, lambda: _cuda_type_names(CUDA_TYPE_NAMES))
 
-    Patched where the check sits: the optimizer's fp32/fp16 grouping. A CPU tensor's .type() is rewritten to its
-    CUDA name only inside the wrapped functions.
-    """
-    from megatron.core.optimizer import optimizer as opt_mod
 
-    cuda_name = {
-        "torch.FloatTensor": "torch.cuda.FloatTensor",
-        "torch.HalfTensor": "torch.cuda.HalfTensor",
-        "torch.BFloat16Tensor": "torch.cuda.BFloat16Tensor",
-    }
-    # Float16OptimizerWithFloat16Params builds its groups in __init__ using param.type().
-    cls = opt_mod.Float16OptimizerWithFloat16Params
-    orig_init = cls.__init__
-    if getattr(orig_init, "_mcore_rl_cpu", False):
-        return
+# Where Megatron calls `tensor.cuda()` on the CPU training path. Inside these functions Tensor.cuda returns the
+# tensor unchanged (it is already on the only device there is):
+#   LanguageModule.setup_embeddings_and_output_layer   tied embeddings with pipeline parallelism: the last stage's
+#                                                      copy of the word embeddings is all-reduced from the first
+#   DistributedOptimizer.get_parameter_state_dp_zero   saving optimizer state ('fully_reshardable' checkpoints)
+#                                                      gathers each DP shard on DP rank 0 from a .cuda() copy
+TENSOR_CUDA_SITES = (
+    ("megatron.core.models.common.language_module.language_module", "LanguageModule",
+     "setup_embeddings_and_output_layer"),
+    ("megatron.core.optimizer.distrib_optimizer", "DistributedOptimizer", "get_parameter_state_dp_zero"),
+)
 
-    @functools.wraps(orig_init)
-    def init(self, *args, **kwargs):
-        with _cuda_type_names(cuda_name):
-            orig_init(self, *args, **kwargs)
 
-    init._mcore_rl_cpu = True
-    cls.__init__ = init
+@contextlib.contextmanager
+def _tensor_cuda_is_identity():
+    orig = torch.Tensor.cuda
 
-    from megatron.core.optimizer import distrib_optimizer as do_mod
+    def cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
+        return self
 
-    dcls = do_mod.DistributedOptimizer
-    for meth in ("_build_model_and_main_param_groups",):
-        orig = getattr(dcls, meth, None)
-        if orig is None or getattr(orig, "_mcore_rl_cpu", False):
+    torch.Tensor.cuda = cuda
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda = orig
+
+
+def _wrap_sites(sites, context):
+    """Run each (module, class or None, function) of `sites` inside `context()`; keeps static/class methods."""
+    for module_name, owner_name, attr in sites:
+        try:
+            mod = importlib.import_module(module_name)
+        except ImportError:
+            continue  # not every Megatron version has every module
+        owner = getattr(mod, owner_name, None) if owner_name else mod
+        if owner is None:
             continue
+        raw = owner.__dict__.get(attr) if isinstance(owner, type) else getattr(owner, attr, None)
+        if raw is None:
+            continue
+        if isinstance(raw, (staticmethod, classmethod)):
+            patched = type(raw)(_within(raw.__func__, context))
+        else:
+            patched = _within(raw, context)
+        setattr(owner, attr, patched)
 
-        def make(orig):
-            @functools.wraps(orig)
-            def wrapped(*args, **kwargs):
-                with _cuda_type_names(cuda_name):
-                    return orig(*args, **kwargs)
 
-            wrapped._mcore_rl_cpu = True
-            return wrapped
+def _within(fn, context):
+    if getattr(fn, "_mcore_rl_cpu", False):
+        return fn
 
-        setattr(dcls, meth, staticmethod(make(orig)) if isinstance(
-            dcls.__dict__.get(meth), staticmethod) else make(orig))
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with context():
+            return fn(*args, **kwargs)
+
+    wrapped._mcore_rl_cpu = True
+    return wrapped
 
 
 @contextlib.contextmanager
@@ -266,5 +304,6 @@ def apply() -> bool:
             mod.torch = TORCH_PROXY
     _patch_rng()
     _patch_type_checks()
+    _wrap_sites(TENSOR_CUDA_SITES, _tensor_cuda_is_identity)
     _applied = True
     return True

@@ -1,0 +1,77 @@
+"""Which map entries this rank holds: binds the architecture map to the parameters of this rank's model chunks.
+
+A rank holds the entries of its pipeline stage(s): the embedding on the first stage, its decoder layers (found by
+each layer's global `layer_number`, so any pipeline split and virtual stages work), the final norm and output layer
+on the last stage. Chunks may be wrapped (DDP, Float16Module): they are unwrapped through `.module`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from megatron.core.models.gpt import GPTModel
+
+from mcore_rl.bridge.maps import Entry, Where, arch_map, expand, resolve_name
+
+
+def unwrap(chunk) -> GPTModel:
+    model = chunk
+    while not isinstance(model, GPTModel) and hasattr(model, "module"):
+        model = model.module
+    if not isinstance(model, GPTModel):
+        raise TypeError(f"expected a (wrapped) megatron GPTModel, got {type(chunk).__name__}")
+    return model
+
+
+@dataclass
+class Bound:
+    index: int  # position of the entry in maps.expand(hf): the model-wide HF order
+    entry: Entry
+    chunk: int  # index into the rank's chunk list
+    name: str  # Megatron parameter name within the chunk
+    param: torch.nn.Parameter
+
+
+def bind(chunks: list, hf: dict) -> list[Bound]:
+    """This rank's entries, in HF order within each chunk. Critic chunks bind everything but the value head."""
+    entries = expand(hf)
+    bound = []
+    for c, model in enumerate(unwrap(ch) for ch in chunks):
+        params = dict(model.named_parameters())
+        critic = bool(getattr(model, "mcore_rl_is_critic", False))
+        local = {layer.layer_number - 1: j for j, layer in enumerate(model.decoder.layers)}
+        used = set()
+        for index, e in enumerate(entries):
+            prefix = ""
+            if e.where == Where.PRE:
+                if not model.pre_process:
+                    continue
+            elif e.where == Where.POST:
+                if not model.post_process:
+                    continue
+                is_output = e.mcore == ("output_layer.weight",)
+                # Tied on one stage: the output layer reuses the embedding parameter. A critic's output is its
+                # value head, which has no HF counterpart.
+                if is_output and ((not e.export and model.pre_process) or critic):
+                    continue
+            else:
+                if e.layer not in local:
+                    continue
+                prefix = f"decoder.layers.{local[e.layer]}."
+            candidates = tuple(prefix + n for n in e.mcore)
+            name = resolve_name(candidates, params)
+            if name is None:
+                raise ValueError(
+                    f"the Megatron model has none of {list(candidates)} for HF tensor(s) {list(e.hf)}: the "
+                    "model was built with a layer spec this bridge does not know"
+                )
+            used.add(name)
+            bound.append(Bound(index, e, c, name, params[name]))
+        unbound = [n for n in params if n not in used and not (critic and n.startswith("output_layer."))]
+        if unbound:
+            raise ValueError(
+                f"Megatron parameters with no HF counterpart in the {arch_map(hf).name} map: {unbound[:8]}; "
+                "the model config enables something the bridge does not map"
+            )
+    return bound

@@ -1,0 +1,42 @@
+"""Model-only Megatron dist checkpoints (torch_dist): saved at one TP / PP layout, loadable at any other.
+
+The state dict follows Megatron-LM: {"model": chunk.sharded_state_dict()} for one chunk, {"model0": ..,
+"model1": ..} with virtual pipeline stages. Sharded tensor keys carry global layer numbers, so the dict keys do
+not tie the checkpoint to a layout. Local and Transformer Engine layer specs map to the same keys (Megatron's
+local spec renames its layer norms on save).
+
+Saving spawns a helper process that re-imports the main script: keep entry scripts under
+`if __name__ == "__main__":`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from mcore_rl.bridge.bind import unwrap
+
+
+def _keys(chunks: list) -> list[str]:
+    return ["model"] if len(chunks) == 1 else [f"model{i}" for i in range(len(chunks))]
+
+
+def sharded_model_state(chunks: list) -> dict:
+    return {key: unwrap(c).sharded_state_dict() for key, c in zip(_keys(chunks), chunks)}
+
+
+def save_mcore_checkpoint(chunks: list, ckpt_dir: str | os.PathLike) -> None:
+    """Collective: every rank saves its shards of the model into ckpt_dir (an existing, empty folder)."""
+    from megatron.core import dist_checkpointing
+
+    dist_checkpointing.save(sharded_model_state(chunks), str(ckpt_dir))
+
+
+def load_mcore_checkpoint(chunks: list, ckpt_dir: str | os.PathLike) -> None:
+    """Collective: every rank reads its shards of a model checkpoint saved at any layout into its chunks."""
+    from megatron.core import dist_checkpointing
+
+    if not os.path.isfile(os.path.join(ckpt_dir, "metadata.json")):
+        raise FileNotFoundError(f"{str(ckpt_dir)!r} is not a Megatron dist checkpoint (no metadata.json)")
+    loaded = dist_checkpointing.load(sharded_model_state(chunks), str(ckpt_dir))
+    for key, c in zip(_keys(chunks), chunks):
+        unwrap(c).load_state_dict(loaded[key], strict=True)

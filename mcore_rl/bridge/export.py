@@ -1,0 +1,299 @@
+"""Streaming export of a live, sharded Megatron model as HF tensors, in buckets of bounded size.
+
+    exporter = HFWeightExporter(chunks, hf_config, bucket_bytes=512 << 20, destination=0)
+    for bucket in exporter:                      # every trainer rank iterates, in lockstep
+        if bucket is not None:                   # only receiving ranks get a bucket
+            engine.update_weights_from_tensor(list(bucket))   # [(hf_name, full tensor), ...]
+
+The plan (HF names, shapes, dtypes, owning pipeline stage, bucket boundaries) is built once, on the first
+iteration, with one all_gather_object over the world; later iterations exchange only tensor data.
+
+Per bucket, the owning pipeline stage all-gathers each parameter's TP shards, turns them into HF tensors (split
+fused q/k/v and gate/up, strip vocab padding), casts them to the export dtype and packs them into one flat buffer
+per dtype; the flat buffers then travel to the receiving ranks (broadcast over the pipeline group, or one send).
+Yielded tensors are views into those flat buffers (`bucket.flat`), which suits transports that ship flattened
+buckets. Memory grows with the bucket, not the model: a rank holds at most one bucket's flat buffers plus the
+gathered shards of one parameter.
+
+Destination (who receives full tensors):
+* destination="all": every rank of the trainer receives every bucket (TP ranks through the all-gather, other
+  stages through a broadcast over the pipeline group; each data-parallel replica works independently).
+* destination=r (a global rank, e.g. 0 where rank 0 owns the colocated SGLang engine): only rank r receives
+  buckets; the other ranks of r's model-parallel group gather and send, and ranks of other data-parallel replicas
+  do nothing. Every rank still iterates and gets None for each bucket.
+
+Bucket bound: buckets are cut at `bucket_bytes` (bytes of the HF tensors in the export dtype) and at changes of
+the owning stage. The unit is one Megatron parameter (fused q/k/v or gate/up stay together); a parameter bigger
+than the bound gets a bucket of its own, so such a bucket is bigger than the bound.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from mcore_rl.bridge.bind import bind, unwrap
+from mcore_rl.bridge.maps import Dims, Kind, expand
+from mcore_rl.bridge.transforms import from_shards
+
+DEFAULT_BUCKET_BYTES = 512 * 2**20
+
+
+@dataclass(frozen=True)
+class PlanItem:
+    index: int  # entry position in maps.expand(hf)
+    hf: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]  # HF shapes
+    dtype: torch.dtype  # export dtype
+    owner: int  # pipeline rank holding the parameter
+    kind: Kind
+
+    @property
+    def nbytes(self) -> int:
+        return sum(_numel(s) for s in self.shapes) * _itemsize(self.dtype)
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    items: tuple[PlanItem, ...]
+    owner: int  # pipeline rank holding every item of the bucket
+    numel: dict  # dtype -> elements of its flat buffer
+
+    @property
+    def nbytes(self) -> int:
+        return sum(n * _itemsize(d) for d, n in self.numel.items())
+
+
+@dataclass
+class Bucket:
+    """Full HF tensors: iterate for (name, tensor) pairs; `flat` holds the per-dtype buffers they view."""
+
+    index: int
+    named_tensors: list[tuple[str, torch.Tensor]]
+    flat: dict[torch.dtype, torch.Tensor]
+
+    def __iter__(self):
+        return iter(self.named_tensors)
+
+    def __len__(self) -> int:
+        return len(self.named_tensors)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.flat.values())
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def plan_buckets(items: list[PlanItem], bucket_bytes: int) -> list[BucketPlan]:
+    """Cut `items` (in order) into buckets of at most bucket_bytes and of one owner; oversized items go alone."""
+    buckets: list[list[PlanItem]] = []
+    used = 0
+    for item in items:
+        if not buckets or buckets[-1][0].owner != item.owner or used + item.nbytes > bucket_bytes:
+            buckets.append([])
+            used = 0
+        buckets[-1].append(item)
+        used += item.nbytes
+    out = []
+    for items_ in buckets:
+        numel: dict = {}
+        for it in items_:
+            numel[it.dtype] = numel.get(it.dtype, 0) + sum(_numel(s) for s in it.shapes)
+        out.append(BucketPlan(tuple(items_), items_[0].owner, numel))
+    return out
+
+
+class HFWeightExporter:
+    """Iterate over the model's HF tensors in buckets (see the module docstring for who receives what).
+
+    chunks: this rank's model chunks (possibly wrapped by DDP / Float16Module). hf: config.json dict.
+    bucket_bytes: bound of one bucket. destination: "all" or a global rank. dtype: export dtype (None keeps each
+    parameter's dtype). Must be constructed and iterated by every rank of the trainer, in the same order.
+    """
+
+    def __init__(self, chunks: list, hf: dict, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 destination: int | str = "all", dtype: torch.dtype | None = None):
+        from megatron.core import parallel_state as ps
+
+        if bucket_bytes <= 0:
+            raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+        world = dist.get_world_size()
+        if destination != "all" and not (isinstance(destination, int) and 0 <= destination < world):
+            raise ValueError(f"destination must be 'all' or a global rank in [0, {world}), got {destination!r}")
+        if ps.get_context_parallel_world_size() != 1:
+            raise ValueError("HF export does not support context parallelism")
+        if any(getattr(unwrap(c), "mcore_rl_is_critic", False) for c in chunks):
+            raise ValueError("a critic (value head) has no HF causal-LM counterpart to export")
+        self.chunks, self.hf, self.bucket_bytes = chunks, hf, bucket_bytes
+        self.destination, self.dtype = destination, dtype
+        self.dims = Dims.from_hf(hf)
+        self._tp_group = ps.get_tensor_model_parallel_group()
+        self._pp_group = ps.get_pipeline_model_parallel_group()
+        self.tp = ps.get_tensor_model_parallel_world_size()
+        self.pp_rank = ps.get_pipeline_model_parallel_rank()
+        self._plan: list[BucketPlan] | None = None
+        self._params: dict[int, torch.Tensor] = {}
+        self._receive = True
+        self._participate = True
+
+    # ---- plan: built once -------------------------------------------------------------------------------------
+    def plan(self) -> list[BucketPlan]:
+        """The bucket plan (collective on first call: every rank must call it, or iterate, together)."""
+        if self._plan is None:
+            self._plan = self._build_plan()
+        return self._plan
+
+    def _build_plan(self) -> list[BucketPlan]:
+        from megatron.core import parallel_state as ps
+
+        bound = [b for b in bind(self.chunks, self.hf) if b.entry.export]
+        self._params = {b.index: b.param for b in bound}
+        mine = {
+            "rank": dist.get_rank(),
+            "pp": self.pp_rank,
+            "tp": ps.get_tensor_model_parallel_rank(),
+            "dp": ps.get_data_parallel_rank(),
+            "entries": [(b.index, str(b.param.dtype).removeprefix("torch.")) for b in bound],
+        }
+        everyone: list = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine)  # the one metadata exchange
+        me = everyone[dist.get_rank()]
+        replica = [m for m in everyone if m["dp"] == me["dp"]]
+        owner: dict[int, tuple[int, str]] = {}
+        for m in replica:
+            for index, dtype in m["entries"]:
+                owner.setdefault(index, (m["pp"], dtype))
+        entries = expand(self.hf)
+        exported = [i for i, e in enumerate(entries) if e.export]
+        lost = [entries[i].hf for i in exported if i not in owner]
+        assert not lost, f"no pipeline stage holds {lost[:3]}"
+        items = []
+        for i in exported:
+            pp, dtype = owner[i]
+            e = entries[i]
+            export_dtype = self.dtype or getattr(torch, dtype)
+            items.append(PlanItem(i, e.hf, tuple(e.hf_shapes(self.dims)), export_dtype, pp, e.kind))
+        if self.destination == "all":
+            self._receive = self._participate = True
+        else:
+            dest = everyone[self.destination]
+            self._participate = me["dp"] == dest["dp"]
+            self._receive = me["rank"] == dest["rank"]
+            self._dest = dest
+        return plan_buckets(items, self.bucket_bytes)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(b.nbytes for b in self.plan())
+
+    def hf_names(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        """(name, shape, dtype) of every exported HF tensor, in iteration order."""
+        return [(n, s, it.dtype) for b in self.plan() for it in b.items for n, s in zip(it.hf, it.shapes)]
+
+    # ---- iteration --------------------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Bucket | None]:
+        plan = self.plan()
+        for k, bp in enumerate(plan):
+            yield self._bucket(k, bp)
+
+    def _device(self) -> torch.device:
+        if self._params:
+            return next(iter(self._params.values())).device
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+    def _bucket(self, k: int, bp: BucketPlan) -> Bucket | None:
+        if not self._participate:
+            return None
+        owns = bp.owner == self.pp_rank
+        src = dist.get_global_rank(self._pp_group, bp.owner)  # the owner stage's member of this pipeline group
+        if self.destination == "all":
+            keeps, sends, receives = True, False, not owns
+        else:
+            from megatron.core import parallel_state as ps
+
+            sends = (owns and bp.owner != self._dest["pp"]
+                     and ps.get_tensor_model_parallel_rank() == self._dest["tp"])
+            keeps, receives = self._receive or sends, self._receive and not owns
+        flat = views = None
+        if keeps:
+            flat = {d: torch.empty(n, dtype=d, device=self._device()) for d, n in bp.numel.items()}
+            views = self._views(bp, flat)
+        if owns:
+            for item in bp.items:
+                tensors = self._gather(item)  # collective over the TP group: every owner-stage rank joins
+                if keeps:
+                    for (_, view), tensor in zip(views[item.index], tensors):
+                        view.copy_(tensor)
+                del tensors
+        if self.destination == "all":
+            if dist.get_world_size(self._pp_group) > 1:
+                for buf in flat.values():
+                    dist.broadcast(buf, src=src, group=self._pp_group)
+        elif sends:
+            for buf in flat.values():
+                dist.send(buf, dst=self._dest["rank"])
+        elif receives:
+            for buf in flat.values():
+                dist.recv(buf, src=src)
+        if not self._receive:
+            return None
+        return Bucket(k, [nv for it in bp.items for nv in views[it.index]], flat)
+
+    def _views(self, bp: BucketPlan, flat: dict) -> dict[int, list[tuple[str, torch.Tensor]]]:
+        offsets = {d: 0 for d in flat}
+        views = {}
+        for it in bp.items:
+            views[it.index] = []
+            for name, shape in zip(it.hf, it.shapes):
+                n, off = _numel(shape), offsets[it.dtype]
+                views[it.index].append((name, flat[it.dtype][off:off + n].view(shape)))
+                offsets[it.dtype] += n
+        return views
+
+    def _gather(self, item: PlanItem) -> list[torch.Tensor]:
+        """HF tensors of one item from this TP group's shards (collective over the TP group unless replicated)."""
+        local = self._params[item.index].detach().to(item.dtype)
+        if self.tp == 1 or item.kind == Kind.REPLICATED:
+            return from_shards(item.kind, [local], self.dims)
+        shards = [torch.empty_like(local) for _ in range(self.tp)]
+        dist.all_gather(shards, local.contiguous(), group=self._tp_group)
+        return from_shards(item.kind, shards, self.dims)
+
+
+def measure_export_seconds_per_gb(exporter: HFWeightExporter, repeats: int = 1) -> dict:
+    """Time full exports (plan built beforehand, not timed): seconds per GB of HF tensors at this TP / PP.
+
+    Collective: every rank calls it. Returns seconds (mean per export), gbytes, seconds_per_gb, tp, pp,
+    bucket_bytes and num_buckets; the benchmark tool prints these.
+    """
+    from megatron.core import parallel_state as ps
+
+    plan = exporter.plan()
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    dist.barrier()
+    sync()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        for bucket in exporter:
+            del bucket
+    sync()
+    dist.barrier()
+    seconds = (time.perf_counter() - start) / repeats
+    gbytes = exporter.total_bytes / 1e9
+    return {"seconds": seconds, "gbytes": gbytes, "seconds_per_gb": seconds / gbytes if gbytes else float("nan"),
+            "tp": ps.get_tensor_model_parallel_world_size(), "pp": ps.get_pipeline_model_parallel_world_size(),
+            "bucket_bytes": exporter.bucket_bytes, "num_buckets": len(plan)}
