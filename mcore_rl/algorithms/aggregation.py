@@ -14,16 +14,12 @@ micro batch on every DP rank that contributes to one optimizer step). Pass them 
 *contribution*: the numerator over its own rows divided by the global denominator. Sequences are never split
 across micro batches, so `n_i` is always local.
 
-Convention: the contributions of all micro batches on all DP ranks SUM to the full-batch loss. Megatron-Core
-divides each micro batch's loss by `num_microbatches` (schedules.forward_step_calc_loss, when the loss function
-returns a 2-tuple) and its DistributedDataParallel scales the all-reduced gradients by 1 / dp_size. So, with
-the same number of micro batches on every rank, the loss function handed to the engine returns
-
-    contribution * num_microbatches * dp_size
-
-and the optimizer then sees exactly the gradient of the full-batch loss. (With `calculate_per_token_loss=True`
-the engine instead sums and divides by the token count it is given; then return the un-normalised sum and
-let it divide.) Context parallelism is not handled here: the counts and `n_i` assume every rank holds whole
+Convention: the contributions of all micro batches on all DP ranks SUM to the full-batch loss. mcore_rl's
+engine (mcore_rl/engine/forward_backward.py) sums exactly that way: it neither divides by the number of micro
+batches nor averages gradients over DP, so a loss function returns its contribution as it is and the optimizer
+sees the gradient of the full-batch loss. (Plain Megatron-Core instead divides each micro batch's loss by
+`num_microbatches` and averages gradients over DP; there the contribution would be multiplied by
+num_microbatches * dp_size.) Context parallelism is not handled here: the counts and `n_i` assume every rank holds whole
 sequences. Without global normalisers every function normalises by its own batch (right for one micro batch).
 Padding rows (all-zero mask) are never counted, so padding a batch to a fixed size does not change the loss.
 """

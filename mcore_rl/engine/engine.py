@@ -1,0 +1,179 @@
+"""TrainEngine: one Megatron model (actor, critic or frozen reference) with its optimizer, in one object.
+
+    layout = mcore_rl.parallel.initialize(parallel, hf)
+    engine = TrainEngine(hf, model_cfg, parallel, OptimConfig(lr=1e-6))      # optim=None: forward only
+    mbs = make_micro_batches(sequences, max_tokens=4096, multiple_of=engine.micro_batch_multiple)
+    old = engine.compute_logprobs(mbs)          # per micro batch {"logprobs": [b, s] or [1, t]}, every rank
+    step = engine.train_step(mbs, loss_fn, normalizer=global_count(mbs))     # zero grads, fwd/bwd, step
+    engine.save_checkpoint(dir); engine.load_checkpoint(dir)
+
+See forward_backward.py for the loss function contract and how losses are normalised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from mcore_rl.config.model import ModelConfig
+from mcore_rl.config.optim import OptimConfig
+from mcore_rl.config.parallel import ParallelConfig
+from mcore_rl.engine import checkpoint as ckpt
+from mcore_rl.engine.batching import MicroBatch
+from mcore_rl.engine.forward_backward import ForwardBackwardResult, LossFn, configure_model_config, forward_backward
+from mcore_rl.engine.optimizer import (build_optimizer, build_scheduler, inner_optimizers, move_optimizer_state,
+                                       wrap_ddp)
+
+
+@dataclass
+class StepResult:
+    loss: float
+    """Sum of the loss contributions (forward_backward.py); the mini-batch loss with correct normalisation."""
+    metrics: dict[str, float]
+    grad_norm: float
+    """Global gradient norm before clipping (over all shards)."""
+    lr: float
+    """Learning rate the step used."""
+    update_successful: bool
+    """False only when fp16 loss scaling found inf / nan gradients (the step is skipped)."""
+
+
+class TrainEngine:
+    """This rank's model chunks, wrapped for training when `optim` is given.
+
+    hf: HF config.json as a dict; value_head=True builds a critic (outputs "values" instead of "logprobs").
+    chunks: model chunks built (and loaded) by the caller, instead of building them here.
+    Parallel state must be initialised (mcore_rl.parallel.initialize). Weights are random: load an HF
+    checkpoint with mcore_rl.bridge into `model_chunks` (then call reload_master_weights, which matters for bf16)
+    or a Megatron checkpoint with load_checkpoint.
+    """
+
+    def __init__(self, hf: dict, model_cfg: ModelConfig, parallel: ParallelConfig,
+                 optim: OptimConfig | None = None, *, value_head: bool = False, chunks: list | None = None):
+        from megatron.core import parallel_state
+
+        from mcore_rl.models.builder import build_model
+
+        self.parallel = parallel
+        self.optim_cfg = optim
+        self.model_chunks = chunks if chunks is not None else build_model(hf, model_cfg, parallel, value_head)
+        self.config = self.model_chunks[0].config
+        self.device = next(self.model_chunks[0].parameters()).device
+        self.pp_size = parallel_state.get_pipeline_model_parallel_world_size()
+        if optim is not None:
+            self.chunks = wrap_ddp(self.model_chunks, optim)
+            self.optimizer = build_optimizer(self.chunks, optim)
+            self.scheduler = build_scheduler(self.optimizer, optim)
+        else:
+            self.chunks = list(self.model_chunks)
+            self.optimizer = self.scheduler = None
+            for p in (p for c in self.model_chunks for p in c.parameters()):
+                p.requires_grad_(False)
+        configure_model_config(self.config, self.chunks if optim is not None else None,
+                               interleaved=len(self.model_chunks) > 1)
+        self.num_steps = 0
+
+    @property
+    def is_critic(self) -> bool:
+        return bool(getattr(self.model_chunks[0], "mcore_rl_is_critic", False))
+
+    @property
+    def micro_batch_multiple(self) -> int:
+        """The number of micro batches must be a multiple of this (the interleaved schedule needs pp)."""
+        return self.pp_size if len(self.model_chunks) > 1 else 1
+
+    # -- forward / backward -------------------------------------------------------------------------------
+
+    def forward_backward(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn | None, *,
+                         forward_only: bool = False, normalizer: float = 1.0, temperature: float = 1.0,
+                         with_entropy: bool = False, collect_outputs: bool = False,
+                         broadcast_outputs: bool = False) -> ForwardBackwardResult:
+        """One pass over the micro batches; gradients accumulate (see zero_grad). Contract in forward_backward.py."""
+        if not forward_only and self.optimizer is None:
+            raise ValueError("this engine was built without an optimizer (optim=None): use forward_only=True")
+        return forward_backward(self.chunks, micro_batches, loss_fn, forward_only=forward_only,
+                                normalizer=normalizer, temperature=temperature, with_entropy=with_entropy,
+                                collect_outputs=collect_outputs, broadcast_outputs=broadcast_outputs)
+
+    def compute_logprobs(self, micro_batches: Sequence[MicroBatch], *, temperature: float = 1.0,
+                         with_entropy: bool = False) -> list[dict[str, torch.Tensor]]:
+        """Per micro batch {"logprobs": ..., ["entropy": ...]} (layout of its input_ids), on every rank."""
+        if self.is_critic:
+            raise ValueError("compute_logprobs needs a language model; this engine is a critic (compute_values)")
+        return self.forward_backward(micro_batches, None, forward_only=True, temperature=temperature,
+                                     with_entropy=with_entropy, collect_outputs=True,
+                                     broadcast_outputs=True).outputs
+
+    def compute_values(self, micro_batches: Sequence[MicroBatch]) -> list[dict[str, torch.Tensor]]:
+        """Per micro batch {"values": ...} (layout of its input_ids), on every rank."""
+        if not self.is_critic:
+            raise ValueError("compute_values needs a critic (build the engine with value_head=True)")
+        return self.forward_backward(micro_batches, None, forward_only=True, collect_outputs=True,
+                                     broadcast_outputs=True).outputs
+
+    # -- optimizer --------------------------------------------------------------------------------------
+
+    def zero_grad(self) -> None:
+        for chunk in self.chunks:
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+
+    def optimizer_step(self) -> tuple[bool, float, float]:
+        """Clip, step, advance the LR schedule. Returns (update_successful, grad_norm, lr used)."""
+        lr = self.lr
+        success, grad_norm, _ = self.optimizer.step()
+        if success:
+            self.scheduler.step(increment=1)
+            self.num_steps += 1
+        return bool(success), float(grad_norm) if grad_norm is not None else float("nan"), lr
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn, *, normalizer: float = 1.0,
+                   temperature: float = 1.0, with_entropy: bool = False) -> StepResult:
+        """zero_grad + forward_backward + optimizer_step: one optimizer update from one mini-batch."""
+        self.zero_grad()
+        fb = self.forward_backward(micro_batches, loss_fn, normalizer=normalizer, temperature=temperature,
+                                   with_entropy=with_entropy)
+        success, grad_norm, lr = self.optimizer_step()
+        return StepResult(fb.loss, fb.metrics, grad_norm, lr, success)
+
+    def reload_master_weights(self) -> None:
+        """Copy the model weights into the optimizer's fp32 master weights. Call after writing weights into
+        `model_chunks` behind the optimizer's back (e.g. mcore_rl.bridge loading an HF checkpoint into a bf16
+        engine); with fp32 weights the master weights are the model weights and this is a no-op."""
+        if self.optimizer is not None:
+            for opt in inner_optimizers(self.optimizer):
+                opt.reload_model_params()
+
+    def offload_optimizer(self) -> None:
+        """Move Adam state (and bf16 models' fp32 master weights) to host memory; no-op move on CPU."""
+        if self.optimizer is not None:
+            move_optimizer_state(self.optimizer, "cpu")
+
+    def onload_optimizer(self) -> None:
+        """Bring the optimizer state back to the training device."""
+        if self.optimizer is not None:
+            move_optimizer_state(self.optimizer, self.device)
+
+    # -- checkpoints ------------------------------------------------------------------------------------
+
+    def save_checkpoint(self, path, extra: dict | None = None):
+        """Collective. Model + optimizer + scheduler (+ `extra`, e.g. the trainer's step) to `path`, atomically."""
+        extra = dict(extra or {}, engine_num_steps=self.num_steps)
+        return ckpt.save(path, self.model_chunks, self.optimizer, self.scheduler, extra)
+
+    def load_checkpoint(self, path, load_optimizer: bool = True) -> dict:
+        """Collective. Load into this engine (build it fresh first); returns the `extra` dict saved with it."""
+        with_opt = load_optimizer and self.optimizer is not None
+        extra = ckpt.load(path, self.model_chunks, self.optimizer if with_opt else None,
+                          self.scheduler if with_opt else None)
+        if with_opt:
+            self.num_steps = int(extra.get("engine_num_steps", 0))
+        else:
+            self.reload_master_weights()
+        return extra

@@ -1,0 +1,238 @@
+"""Forward (and backward) over a list of micro batches through Megatron's pipeline schedules.
+
+`forward_backward` runs `megatron.core.pipeline_parallel.get_forward_backward_func()` (no pipelining, 1F1B or
+interleaved 1F1B, chosen from the parallel state), turns the model output of each micro batch into per-token
+tensors (logprobs [+ entropy] for an LM, values for a critic; alignment in logprobs.py) and hands them, with the
+micro batch, to the caller's loss function:
+
+    loss_fn(outputs: dict[str, Tensor], micro_batch: MicroBatch) -> (loss: 0-dim Tensor, metrics: dict[str, Tensor])
+
+Loss normalisation (exact under micro-batching, DP and PP). Every value loss_fn returns is a *contribution*:
+the engine divides it by `normalizer` (default 1) and SUMS it over the micro batches of this call and over the
+data-parallel ranks. Gradients are the gradients of that same sum: Megatron neither divides by the number of
+micro batches nor averages over DP here (calculate_per_token_loss=True and a finalize step that does not
+rescale). So for a token-mean over the whole mini-batch either
+
+* return sum(per_token_loss * mask) and pass normalizer = the mini-batch's total mask count over all micro
+  batches and DP ranks (`global_count(micro_batches, "loss_mask")` computes it), or
+* return the already normalised contribution (mcore_rl.algorithms.aggregation.aggregate_loss with
+  global_num_tokens=...) and leave normalizer at 1.
+
+The reported `loss` and `metrics` are those sums, identical on every rank. Tensor-parallel ranks compute the
+same loss (the log-probs are already reduced over TP); they are not summed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.distributed import finalize_model_grads
+from megatron.core.pipeline_parallel import get_forward_backward_func
+
+from mcore_rl.engine.batching import MicroBatch, pad_micro_batch
+from mcore_rl.engine.logprobs import align_to_tokens, next_token_targets, vocab_parallel_logprobs
+
+LossFn = Callable[[dict, MicroBatch], "tuple[torch.Tensor, dict[str, torch.Tensor]]"]
+
+
+@dataclass
+class ForwardBackwardResult:
+    loss: float
+    """Sum over micro batches and DP ranks of loss_fn's loss / normalizer (0.0 without a loss_fn)."""
+    metrics: dict[str, float]
+    """Same sum for each metric loss_fn returned (each divided by normalizer too)."""
+    outputs: list[dict[str, torch.Tensor]] | None
+    """With collect_outputs: per micro batch, the detached per-token outputs (layout of its input_ids). On the
+    last pipeline stage, or on every rank with broadcast_outputs."""
+
+
+def unwrap(module):
+    """The GPTModel inside DDP / Float16Module wrappers."""
+    while hasattr(module, "module"):
+        module = module.module
+    return module
+
+
+def _finalize_without_rescale(model, num_tokens=None, **kwargs):
+    # The schedule passes the token count returned by the loss function; contributions are already
+    # normalised, so the grads are only synchronised, never divided.
+    return finalize_model_grads(model, None, **kwargs)
+
+
+def configure_model_config(config, ddp_chunks: Sequence | None, interleaved: bool = False) -> None:
+    """Hooks Megatron's schedules read from the model config (set once, by the engine)."""
+    config.calculate_per_token_loss = True
+    config.finalize_model_grads_func = _finalize_without_rescale
+    if interleaved:
+        # With two pipeline stages, a stage's previous and next rank are the same peer; in one batched p2p call
+        # (and in the shape exchange of variable_seq_lengths, always batched) the activation and the gradient
+        # sent to that peer can then be received in each other's place. The interleaved schedule therefore
+        # runs with fixed shapes (forward_backward pads the micro batches to one shape) and unbatched p2p,
+        # which uses a separate communicator per direction for two stages.
+        config.variable_seq_lengths = False
+        config.batch_p2p_comm = False
+    if ddp_chunks:
+        no_sync = [c.no_sync for c in ddp_chunks]
+        config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
+
+
+def per_token_outputs(output: torch.Tensor, mb: MicroBatch, model, *, temperature: float = 1.0,
+                      with_entropy: bool = False) -> dict[str, torch.Tensor]:
+    """The model's last-stage output for one micro batch -> per-token tensors aligned with mb.input_ids."""
+    if getattr(model, "mcore_rl_is_critic", False):
+        values = output.squeeze(-1).float()  # [b, s, 1] -> [b, s]
+        return {"values": align_to_tokens(values, mb.valid_mask, mb.seq_starts if mb.packed else None)}
+    logprobs, entropy = vocab_parallel_logprobs(
+        output, next_token_targets(mb.input_ids), model.mcore_rl_vocab_size, temperature=temperature,
+        with_entropy=with_entropy, group=parallel_state.get_tensor_model_parallel_group(),
+    )
+    starts = mb.seq_starts if mb.packed else None
+    out = {"logprobs": align_to_tokens(logprobs, mb.valid_mask, starts)}
+    if with_entropy:
+        out["entropy"] = align_to_tokens(entropy, mb.valid_mask, starts)
+    return out
+
+
+def _check_num_micro_batches(n: int, num_chunks: int) -> None:
+    if n == 0:
+        raise ValueError("forward_backward needs at least one micro batch on every rank")
+    pp = parallel_state.get_pipeline_model_parallel_world_size()
+    if num_chunks > 1 and n % pp:
+        raise ValueError(
+            f"the interleaved pipeline schedule (parallel.vpp={num_chunks}) needs the number of micro batches "
+            f"({n}) to be a multiple of parallel.pp ({pp}); pass multiple_of={pp} to make_micro_batches"
+        )
+
+
+def forward_backward(chunks: Sequence, micro_batches: Sequence[MicroBatch], loss_fn: LossFn | None, *,
+                     forward_only: bool = False, normalizer: float | torch.Tensor = 1.0,
+                     temperature: float = 1.0, with_entropy: bool = False, collect_outputs: bool = False,
+                     broadcast_outputs: bool = False) -> ForwardBackwardResult:
+    """Run the pipeline schedule over `micro_batches` on this rank's model chunks (DDP-wrapped or not).
+
+    Gradients accumulate into the DDP grad buffers (zero them before a new step: TrainEngine does). With
+    forward_only, no graph is kept. Every rank of a pipeline / tensor-parallel group must pass the same micro
+    batches; data-parallel ranks pass their own (their numbers may differ).
+    """
+    chunks = list(chunks)
+    models = [unwrap(c) for c in chunks]
+    n = len(micro_batches)
+    _check_num_micro_batches(n, len(chunks))
+    if not forward_only and loss_fn is None:
+        raise ValueError("a backward pass needs a loss_fn")
+    normalizer = float(normalizer)
+    if not normalizer > 0:
+        raise ValueError(f"normalizer must be positive, got {normalizer}")
+    device = next(models[0].parameters()).device
+    outputs: list = [None] * n
+    losses: list[torch.Tensor] = []
+    metric_values: dict[str, list[torch.Tensor]] = {}
+
+    def loss_func(index: int, mb: MicroBatch, model, output: torch.Tensor):
+        per_token = per_token_outputs(output, mb, model, temperature=temperature, with_entropy=with_entropy)
+        if collect_outputs:
+            outputs[index] = {k: v.detach() for k, v in per_token.items()}
+        zero_tokens = torch.zeros((), dtype=torch.int, device=output.device)
+        if loss_fn is None:
+            return output.new_zeros((), dtype=torch.float32), zero_tokens, {}
+        loss, metrics = loss_fn(per_token, mb)
+        loss = loss / normalizer
+        losses.append(loss.detach().float())
+        for key, value in (metrics or {}).items():
+            value = torch.as_tensor(value, device=device).detach().float()
+            metric_values.setdefault(key, []).append(value / normalizer)
+        return loss, zero_tokens, {}
+
+    def forward_step(data_iterator, model):
+        index, mb = next(data_iterator)
+        mb.to(device)
+        raw = unwrap(model)
+        output = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None,
+                       packed_seq_params=mb.packed_seq_params)
+        return output, partial(loss_func, index, mb, raw)
+
+    caller_shapes = [mb.input_ids.shape for mb in micro_batches]
+    if len(chunks) > 1:  # the interleaved schedule exchanges fixed shapes (configure_model_config)
+        rows = max(s[0] for s in caller_shapes)
+        length = max(s[1] for s in caller_shapes)
+        micro_batches = [pad_micro_batch(mb, length, rows) for mb in micro_batches]
+    # Each chunk walks through all micro batches in order; the schedule interleaves the chunks.
+    iterators = [iter(list(enumerate(micro_batches))) for _ in chunks]
+    for c in chunks:
+        c.train(not forward_only)
+    with torch.no_grad() if forward_only else torch.enable_grad():
+        get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iterators if len(chunks) > 1 else iterators[0],
+            model=chunks if len(chunks) > 1 else chunks[0],
+            num_microbatches=n,
+            seq_length=max(mb.input_ids.size(1) for mb in micro_batches),  # p2p shapes are exchanged anyway
+            micro_batch_size=max(mb.input_ids.size(0) for mb in micro_batches),
+            forward_only=forward_only,
+        )
+    loss, metrics = _reduce_scalars(losses, metric_values, device)
+    if collect_outputs and broadcast_outputs:
+        outputs = _broadcast_outputs(outputs, micro_batches, models, with_entropy, device)
+    if collect_outputs and len(chunks) > 1:
+        outputs = [None if out is None else {k: v[:shape[0], :shape[1]] for k, v in out.items()}
+                   for out, shape in zip(outputs, caller_shapes)]
+    return ForwardBackwardResult(loss, metrics, outputs if collect_outputs else None)
+
+
+def _reduce_scalars(losses, metric_values, device) -> tuple[float, dict[str, float]]:
+    """Sum over micro batches (last stage), over DP, then share with the other pipeline stages: one host sync."""
+    last = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
+    keys = sorted(metric_values)
+    if last:
+        vec = torch.stack([torch.stack(losses).sum() if losses else torch.zeros((), device=device)]
+                          + [torch.stack(metric_values[k]).sum() for k in keys])
+        dp_group = parallel_state.get_data_parallel_group()
+        if dist.is_initialized() and dist.get_world_size(dp_group) > 1:
+            dist.all_reduce(vec, group=dp_group)
+        values = vec.tolist()
+        packet = [(values[0], dict(zip(keys, values[1:])))]
+    else:
+        packet = [None]
+    pp_group = parallel_state.get_pipeline_model_parallel_group()
+    if dist.is_initialized() and dist.get_world_size(pp_group) > 1:
+        dist.broadcast_object_list(packet, src=parallel_state.get_pipeline_model_parallel_last_rank(),
+                                   group=pp_group)
+    return packet[0]
+
+
+def _broadcast_outputs(outputs, micro_batches, models, with_entropy, device):
+    """Send the last stage's per-token outputs to every pipeline stage (shapes come from the micro batches)."""
+    pp_group = parallel_state.get_pipeline_model_parallel_group()
+    if not dist.is_initialized() or dist.get_world_size(pp_group) == 1:
+        return outputs
+    keys = ["values"] if getattr(models[0], "mcore_rl_is_critic", False) else (
+        ["logprobs", "entropy"] if with_entropy else ["logprobs"])
+    src = parallel_state.get_pipeline_model_parallel_last_rank()
+    last = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
+    result = []
+    for out, mb in zip(outputs, micro_batches):
+        if not last:
+            out = {k: torch.empty(mb.input_ids.shape, dtype=torch.float32, device=device) for k in keys}
+        for k in keys:
+            dist.broadcast(out[k], src=src, group=pp_group)
+        result.append(out)
+    return result
+
+
+def global_count(micro_batches: Sequence[MicroBatch], key: str | None = "loss_mask") -> float:
+    """Sum of `key` over these micro batches and all data-parallel ranks (each rank passes its own): the
+    normalizer of a token-mean over the mini-batch. With key=None, counts real tokens. One host sync."""
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    parts = [mb.fields[key].sum().to(device, torch.float64) if key is not None
+             else torch.tensor(float(mb.num_tokens), dtype=torch.float64, device=device) for mb in micro_batches]
+    total = torch.stack(parts).sum() if parts else torch.zeros((), dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        group = parallel_state.get_data_parallel_group()
+        if dist.get_world_size(group) > 1:
+            dist.all_reduce(total, group=group)
+    return float(total.item())

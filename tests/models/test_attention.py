@@ -1,0 +1,94 @@
+"""SDPA core attention (mcore_rl/models/attention.py) against a naive fp64 attention: causal, grouped-query,
+sliding window, and packed THD sequences that must not see each other."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from mcore_rl.parallel import cpu_compat
+
+HEADS, GROUPS, DIM = 4, 2, 8
+
+
+@pytest.fixture(scope="module")
+def attention_cls():
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    cpu_compat.apply()  # the RNG tracker forks the CPU generator on a CUDA-less machine
+    tracker = get_cuda_rng_tracker()
+    if "model-parallel-rng" not in tracker.get_states():
+        tracker.add("model-parallel-rng", 1234)
+    from mcore_rl.models.attention import SDPAttention
+
+    return SDPAttention
+
+
+def make(attention_cls, window=None):
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    config = TransformerConfig(num_layers=1, hidden_size=HEADS * DIM, num_attention_heads=HEADS,
+                               num_query_groups=GROUPS, kv_channels=DIM, attention_dropout=0.0)
+    if window is not None:
+        config.mcore_rl_sliding_window = window
+    tp_one = SimpleNamespace(tp=SimpleNamespace(size=lambda: 1))
+    return attention_cls(config, layer_number=1, attn_mask_type=None, attention_type="self",
+                         pg_collection=tp_one)
+
+
+def naive(q, k, v, window=None):
+    """q: [s, nh, d], k/v: [s, ng, d] -> [s, nh * d], fp64, explicit mask and softmax."""
+    s = q.size(0)
+    rep = HEADS // GROUPS
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(DIM)
+    i = torch.arange(s)
+    diff = i[:, None] - i[None, :]
+    allowed = diff >= 0 if window is None else (diff >= 0) & (diff < window)
+    probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    return torch.einsum("hqk,khd->qhd", probs, v).reshape(s, HEADS * DIM)
+
+
+def qkv(s, seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(s, HEADS, DIM, generator=g, dtype=torch.float64),
+            torch.randn(s, GROUPS, DIM, generator=g, dtype=torch.float64),
+            torch.randn(s, GROUPS, DIM, generator=g, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_padded_layout_matches_naive(attention_cls, window):
+    attn = make(attention_cls, window)
+    q, k, v = qkv(7, 0)
+    # Megatron passes [s, b, n, d]
+    out = attn(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), attention_mask=None)
+    assert out.shape == (7, 1, HEADS * DIM)
+    torch.testing.assert_close(out[:, 0], naive(q, k, v, window), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_packed_sequences_attend_only_to_themselves(attention_cls, window):
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    attn = make(attention_cls, window)
+    lengths = [5, 2, 6]
+    parts = [qkv(n, seed) for seed, n in enumerate(lengths)]
+    q, k, v = (torch.cat([p[i] for p in parts]) for i in range(3))
+    total = sum(lengths)
+    pad = 3  # trailing padding after the last sequence (not in cu_seqlens) yields zeros
+    q, k, v = (torch.cat([t, torch.randn(pad, *t.shape[1:], dtype=t.dtype)]) for t in (q, k, v))
+    cu = torch.tensor([0, 5, 7, 13], dtype=torch.int32)
+    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=6, max_seqlen_kv=6)
+    out = attn(q, k, v, attention_mask=None, packed_seq_params=params)
+    assert out.shape == (total + pad, HEADS * DIM)
+    expected = torch.cat([naive(*p, window) for p in parts])
+    torch.testing.assert_close(out[:total], expected, rtol=0, atol=1e-12)
+    assert torch.all(out[total:] == 0)
+
+
+def test_attention_bias_is_refused(attention_cls):
+    attn = make(attention_cls)
+    q, k, v = qkv(2, 0)
+    with pytest.raises(ValueError, match="SDPA attention does not take an attention bias"):
+        attn(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), None, attention_bias=torch.zeros(1))

@@ -1,0 +1,62 @@
+"""HF config -> TransformerConfig: the fields the engine relies on, and the builder's user-facing errors."""
+
+import pytest
+import torch
+
+from mcore_rl.config.model import ModelConfig
+from mcore_rl.config.parallel import ParallelConfig
+from mcore_rl.models.builder import padded_vocab_size, rope_kwargs, transformer_config
+
+
+def hf(arch="qwen2", **overrides):
+    base = {
+        "architectures": {"qwen2": ["Qwen2ForCausalLM"], "llama": ["LlamaForCausalLM"],
+                          "qwen3": ["Qwen3ForCausalLM"]}[arch],
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 512, "rms_norm_eps": 1e-6, "hidden_act": "silu",
+    }
+    base.update(overrides)
+    return base
+
+
+def test_fields_from_hf_config():
+    cfg = transformer_config(hf(), ModelConfig(dtype="fp32"), ParallelConfig(tp=2))
+    assert (cfg.num_layers, cfg.hidden_size, cfg.ffn_hidden_size) == (4, 64, 128)
+    assert (cfg.num_attention_heads, cfg.num_query_groups, cfg.kv_channels) == (4, 2, 16)
+    assert cfg.add_qkv_bias and not cfg.qk_layernorm and cfg.gated_linear_unit
+    assert cfg.params_dtype == torch.float32 and not cfg.bf16
+    assert cfg.variable_seq_lengths  # the pipeline exchanges shapes: micro batches differ in length
+    assert transformer_config(hf("llama"), ModelConfig(), ParallelConfig()).add_qkv_bias is False
+    q3 = transformer_config(hf("qwen3", head_dim=32), ModelConfig(dtype="bf16"), ParallelConfig())
+    assert q3.qk_layernorm and q3.kv_channels == 32 and q3.bf16 and q3.params_dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("recompute, expected", [
+    ("none", (None, None)), ("selective", ("selective", None)), ("full", ("full", "uniform")),
+])
+def test_recompute_settings(recompute, expected):
+    cfg = transformer_config(hf(), ModelConfig(recompute=recompute), ParallelConfig())
+    assert (cfg.recompute_granularity, cfg.recompute_method) == expected
+
+
+def test_padded_vocab_size():
+    assert padded_vocab_size(512, 1) == 512 and padded_vocab_size(515, 2) == 516 and padded_vocab_size(9, 4) == 12
+
+
+def test_rope_scaling():
+    assert rope_kwargs({"rope_theta": 5e5}) == {"rotary_base": 5e5}
+    assert rope_kwargs({"rope_scaling": {"type": "linear", "factor": 2.0}})["seq_len_interpolation_factor"] == 2.0
+    with pytest.raises(ValueError, match="rope scaling type 'yarn' is not supported; supported: default, linear"):
+        rope_kwargs({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(hidden_act="gelu"), r"hidden_act 'gelu' is not supported \(only silu\)"),
+    (dict(num_attention_heads=6, num_key_value_heads=6),
+     r"num_attention_heads \(6\) is not divisible by parallel.tp \(4\)"),
+    (dict(architectures=["GPT2LMHeadModel"]), r"unsupported architecture \(architectures=\['GPT2LMHeadModel'\]"),
+])
+def test_config_errors(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        transformer_config(hf(**overrides), ModelConfig(), ParallelConfig(tp=4 if "num_attention_heads" in overrides
+                                                                          else 1))
