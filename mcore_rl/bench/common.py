@@ -1,0 +1,108 @@
+"""Pieces the rollout, weight_sync and e2e benchmarks share: an HF model folder by name, one SGLang engine
+(started with torchrun's variables hidden), the training engine loaded from the folder, timing helpers."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import time
+
+import torch
+
+# torchrun's rendezvous variables: SGLang's child processes must not see them (they would join the trainer's
+# store and hang). Same list as mcore_rl/trainer/loop.py, which bench may not import (nothing imports trainer/).
+_TORCHRUN_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                  "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT"}
+
+
+@contextlib.contextmanager
+def without_torchrun_env():
+    names = [k for k in os.environ if k in _TORCHRUN_VARS or k.startswith("TORCHELASTIC_")]
+    saved = {k: os.environ.pop(k) for k in names}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def model_folder(name: str, scratch: str) -> str:
+    """`tiny` (random qwen2, vocab 512, written to scratch), `smollm2` (SmolLM2-135M, cached) or an HF folder."""
+    if name == "tiny":
+        from mcore_rl.testing import make_tiny_hf_model
+
+        path = os.path.join(scratch, "tiny_qwen2")
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            make_tiny_hf_model(path, arch="qwen2", seed=0)
+        return path
+    if name == "smollm2":
+        from mcore_rl.models.smollm2 import ensure_hf_folder
+
+        return str(ensure_hf_folder())
+    if not os.path.isfile(os.path.join(name, "config.json")):
+        raise ValueError(f"--model {name!r} is neither 'tiny', 'smollm2' nor an HF folder with config.json")
+    return name
+
+
+def model_dtype() -> str:
+    """bf16 on GPUs (what RL runs use), fp32 on CPU (SGLang's CPU path and exact parity)."""
+    return "bf16" if torch.cuda.is_available() else "fp32"
+
+
+def start_engine(path: str, max_total_tokens: int, **overrides):
+    """The RolloutEngine every sub-benchmark of one run shares (mode=engine: the raw sglang.Engine it holds is
+    reachable for the raw side, so both sides use the same engine processes)."""
+    from mcore_rl.config.rollout import RolloutConfig
+    from mcore_rl.rollout.engine import RolloutEngine
+
+    cfg = dict(mode="engine", dtype=model_dtype(), show_progress=False, log_level="error")
+    if not torch.cuda.is_available():
+        cfg.update(max_total_tokens=max_total_tokens, request_batch_size=32, max_concurrent_requests=4)
+    cfg.update(overrides)
+    with without_torchrun_env():
+        return RolloutEngine(RolloutConfig(**cfg), model_path=path)
+
+
+def raw_sglang(engine):
+    """The sglang.Engine inside a mode=engine RolloutEngine (bench only: it reaches into the backend)."""
+    raw = getattr(engine.backend, "_engine", None)
+    if raw is None:
+        raise ValueError("the raw side needs rollout mode=engine (an in-process sglang.Engine)")
+    return raw
+
+
+def load_actor(path: str, hf: dict, parallel, with_optimizer: bool = True, lr: float = 1e-6):
+    """TrainEngine with the folder's weights (optimizer for the actor, none for a reference)."""
+    from mcore_rl.bridge import load_hf_weights
+    from mcore_rl.config.model import ModelConfig
+    from mcore_rl.config.optim import OptimConfig
+    from mcore_rl.engine import TrainEngine
+
+    model_cfg = ModelConfig(dtype=model_dtype(), attention="sdpa", max_seq_len=4096)
+    eng = TrainEngine(hf, model_cfg, parallel, OptimConfig(lr=lr, clip_grad=1.0) if with_optimizer else None)
+    load_hf_weights(eng.model_chunks, path, hf)
+    eng.reload_master_weights()
+    return eng
+
+
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed(fn):
+    """(seconds, fn's result), with the device drained on both sides."""
+    sync()
+    t = time.perf_counter()
+    out = fn()
+    sync()
+    return time.perf_counter() - t, out
+
+
+def median(xs) -> float:
+    return float(statistics.median(xs))
+
+
+def random_prompts(num: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(5, vocab - 1, (num, length), generator=g).tolist()

@@ -1,0 +1,138 @@
+"""One GRPO step end to end, in the trainer loop's order but simplified (one process, one mini-batch, one
+epoch, a synthetic reward): rollout (RolloutEngine.generate) -> old log-probs (actor forward) -> reference
+log-probs (optional) -> GRPO advantages -> actor update (PPO clip + k3 KL loss) -> colocated weight sync.
+
+Against the sum of raw parts measured in the same run, interleaved: raw sglang.Engine.generate of the same
+prompts and token count, a raw Megatron-Core update of the same token ids (bench.train.RawMegatron), and a plain
+copy of the synced weight bytes. The raw parts have no old / reference forward, so the ratio charges those passes
+to us: it is what a step costs against the least the libraries need for the same rollout and update.
+`e2e.ratio_vs_raw_parts` = raw parts / our step (1.0 = no overhead; below 1 = slower).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mcore_rl.bench.common import median, raw_sglang, timed
+
+
+def _pg_kl_loss(num_tokens: float, with_ref: bool, kl_coef: float = 0.001):
+    from mcore_rl import algorithms as alg
+
+    def loss_fn(out, mb):
+        mask = mb["loss_mask"]
+        loss, _ = alg.compute_policy_loss("ppo", logprobs=out["logprobs"], old_logprobs=mb["old_logprobs"],
+                                          advantages=mb["advantages"], response_mask=mask,
+                                          global_num_tokens=num_tokens)
+        if with_ref:
+            kl, _ = alg.kl_loss(out["logprobs"], mb["ref_logprobs"], mask, estimator="k3",
+                                global_num_tokens=num_tokens)
+            loss = loss + kl_coef * kl
+        return loss, {}
+
+    return loss_fn
+
+
+class GRPOStep:
+    """Our step, its parts timed separately (seconds in `last`)."""
+
+    def __init__(self, engine, actor, ref, hf: dict, bucket_bytes: int, max_tokens_per_micro_batch: int):
+        from mcore_rl.bridge import HFWeightExporter
+
+        self.engine, self.actor, self.ref = engine, actor, ref
+        self.exporter = HFWeightExporter(actor.model_chunks, hf, bucket_bytes=bucket_bytes, destination=0)
+        self.max_tokens = max_tokens_per_micro_batch
+        self.last: dict[str, float] = {}
+
+    def __call__(self, prompts, n, sampling) -> int:
+        from mcore_rl import algorithms as alg
+        from mcore_rl.bench.weight_sync import sync_once
+        from mcore_rl.engine.batching import make_micro_batches, unpack
+
+        t = {}
+        t["rollout"], batch = timed(lambda: self.engine.generate(prompts, n=n, sampling=sampling))
+        samples = batch.samples
+        seqs = []
+        for s in samples:
+            p, r = len(s.prompt_ids), len(s.response_ids)
+            mask = torch.zeros(p + r)
+            mask[p:] = 1.0
+            seqs.append({"input_ids": torch.tensor(s.prompt_ids + s.response_ids), "loss_mask": mask})
+        mbs = make_micro_batches(seqs, self.max_tokens)
+
+        def logprobs(engine):
+            return unpack([o["logprobs"].float() for o in engine.compute_logprobs(mbs)], mbs)
+
+        t["old_logprobs"], old = timed(lambda: logprobs(self.actor))
+        if self.ref is not None:
+            t["ref_logprobs"], ref = timed(lambda: logprobs(self.ref))
+
+        def update():
+            # synthetic reward: share of even token ids in the response (varies within a group)
+            scores = torch.tensor([sum(x % 2 == 0 for x in s.response_ids) / max(1, len(s.response_ids))
+                                   for s in samples])
+            group_ids = torch.tensor([s.group_id for s in samples])
+            width = max(len(s.response_ids) for s in samples)
+            rmask = torch.tensor([[float(j < len(s.response_ids)) for j in range(width)] for s in samples])
+            adv, _ = alg.compute_advantages("grpo", scores=scores, group_ids=group_ids, response_mask=rmask)
+            for i, seq in enumerate(seqs):
+                seq["old_logprobs"] = old[i].cpu()
+                seq["advantages"] = seq["loss_mask"] * adv[i, 0]
+                if self.ref is not None:
+                    seq["ref_logprobs"] = ref[i].cpu()
+            train_mbs = make_micro_batches(seqs, self.max_tokens)
+            num_tokens = float(sum(seq["loss_mask"].sum() for seq in seqs))
+            self.actor.train_step(train_mbs, _pg_kl_loss(num_tokens, self.ref is not None))
+
+        t["update"], _ = timed(update)
+        t["sync"], nbytes = timed(lambda: sync_once(self.engine, self.exporter))
+        self.last = t
+        self.last_ids = torch.stack([s["input_ids"] for s in seqs])
+        self.nbytes = nbytes
+        return sum(len(s.response_ids) for s in samples)
+
+
+def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_tokens: int, bucket_bytes: int,
+        max_tokens_per_micro_batch: int = 4096, repeats: int = 2, warmup: int = 1) -> dict:
+    from mcore_rl.bench.common import model_dtype
+    from mcore_rl.bench.train import RawMegatron
+    from mcore_rl.bench.weight_sync import PlainCopy
+    from mcore_rl.config.model import ModelConfig
+    from mcore_rl.config.parallel import ParallelConfig
+
+    sampling = engine.default_sampling(temperature=1.0, max_new_tokens=max_new_tokens, ignore_eos=True)
+    step = GRPOStep(engine, actor, ref, hf, bucket_bytes, max_tokens_per_micro_batch)
+    raw = raw_sglang(engine)
+    raw_ids = [list(p) for p in prompts for _ in range(n)]
+    raw_params = sampling.to_sglang()
+    raw_train = RawMegatron(hf, ModelConfig(dtype=model_dtype(), attention="sdpa", max_seq_len=4096), ParallelConfig())
+    copy = PlainCopy(step.exporter)
+
+    def raw_parts() -> dict[str, float]:
+        gen, _ = timed(lambda: raw.generate(input_ids=raw_ids, sampling_params=raw_params, return_logprob=True))
+        ids = step.last_ids.to(raw_train.device)  # same token ids as our last update
+        upd, _ = timed(lambda: raw_train.step(ids))
+        cp, _ = timed(copy)
+        return {"rollout": gen, "update": upd, "sync": cp}
+
+    for _ in range(warmup):
+        step(prompts, n, sampling), raw_parts()
+    ours, theirs, totals, raw_totals = [], [], [], []
+    tokens = 0
+    for _ in range(repeats):  # interleaved
+        total, tokens = timed(lambda: step(prompts, n, sampling))
+        ours.append(step.last)
+        totals.append(total)
+        r = raw_parts()
+        theirs.append(r)
+        raw_totals.append(sum(r.values()))
+    out = {"e2e.num_samples": len(raw_ids), "e2e.new_tokens": tokens, "e2e.train_tokens": int(step.last_ids.numel()),
+           "e2e.step_s": median(totals), "e2e.raw_parts_s": median(raw_totals)}
+    out["e2e.ratio_vs_raw_parts"] = out["e2e.raw_parts_s"] / out["e2e.step_s"]
+    for part in ours[0]:
+        out[f"e2e.{part}_s"] = median([o[part] for o in ours])
+    for part in theirs[0]:
+        out[f"e2e.raw_{part}_s"] = median([r[part] for r in theirs])
+    out["e2e.other_s"] = out["e2e.step_s"] - sum(out[f"e2e.{p}_s"] for p in ours[0])
+    del raw_train
+    return out

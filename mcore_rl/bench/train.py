@@ -1,0 +1,176 @@
+"""Training throughput: the project's actor update (TrainEngine.train_step with a policy-gradient loss over
+packed micro batches) against a raw Megatron-Core loop (GPTModel forward with labels, cross-entropy mean,
+backward, Megatron optimizer step) on the same model dims and the same tokens, interleaved in one process so the
+ratio holds on a noisy machine. Also packed against padded micro batches on variable-length sequences.
+
+MFU counts (6 N + 12 L h s) FLOPs per token (N = parameters without embeddings' lookups, L layers, h hidden,
+s sequence length), against `peak_tflops` (772 for an H200's bf16 matmul, measured in ../shared/FACTS.md).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+QWEN2_5_0_5B = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=896, intermediate_size=4864,
+                    num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+                    max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                    tie_word_embeddings=False, hidden_act="silu")
+QWEN2_5_1_5B = dict(QWEN2_5_0_5B, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                    num_attention_heads=12, num_key_value_heads=2)
+TINY = dict(QWEN2_5_0_5B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=512)
+MODELS = {"qwen2.5-0.5b": QWEN2_5_0_5B, "qwen2.5-1.5b": QWEN2_5_1_5B, "tiny": TINY}
+
+
+def flops_per_token(hf: dict, seq_len: int) -> float:
+    h, L, v = hf["hidden_size"], hf["num_hidden_layers"], hf["vocab_size"]
+    heads, kv = hf["num_attention_heads"], hf["num_key_value_heads"]
+    hd = h // heads
+    attn = h * (heads * hd) + 2 * h * (kv * hd) + (heads * hd) * h
+    mlp = 3 * h * hf["intermediate_size"]
+    n = L * (attn + mlp) + h * v  # the LM head matmul counts; the embedding lookup does not
+    return 6 * n + 12 * L * h * seq_len
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _seqs(lengths, vocab, seed):
+    g = torch.Generator().manual_seed(seed)
+    seqs = []
+    for n in lengths:
+        ids = torch.randint(0, vocab, (n,), generator=g)
+        mask = torch.ones(n)
+        mask[: n // 4] = 0  # a "prompt" quarter without loss
+        seqs.append({"input_ids": ids, "loss_mask": mask, "advantages": torch.randn(n, generator=g).sign()})
+    return seqs
+
+
+def _pg_loss(normalizer):
+    def loss_fn(out, mb):
+        m = mb["loss_mask"]
+        return -(out["logprobs"] * mb["advantages"] * m).sum() / normalizer, {}
+
+    return loss_fn
+
+
+class RawMegatron:
+    """The raw baseline: GPTModel (same builder, same dims) forward with labels -> Megatron's vocab-parallel
+    cross entropy, mean, backward, Megatron's distributed optimizer step. No packing, no log-prob gathering."""
+
+    def __init__(self, hf: dict, model_cfg, parallel):
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        from mcore_rl.config.optim import OptimConfig
+        from mcore_rl.engine.optimizer import wrap_ddp
+        from mcore_rl.models.builder import build_model
+
+        chunks = build_model(hf, model_cfg, parallel)
+        self.ddp = wrap_ddp(chunks, OptimConfig(lr=1e-6))
+        chunks[0].config.calculate_per_token_loss = False
+        ocfg = OptimizerConfig(optimizer="adam", lr=1e-6, bf16=model_cfg.dtype == "bf16",
+                               params_dtype=chunks[0].config.params_dtype, use_distributed_optimizer=True,
+                               clip_grad=1.0)
+        self.opt = get_megatron_optimizer(ocfg, self.ddp)
+        self.device = next(chunks[0].parameters()).device
+
+    def step(self, ids: torch.Tensor) -> None:
+        """One update on ids [b, s] (next-token labels)."""
+        pos = torch.arange(ids.size(1), device=ids.device).expand_as(ids)
+        labels = torch.roll(ids, -1, dims=1)
+        self.ddp[0].zero_grad_buffer()
+        self.opt.zero_grad()
+        loss = self.ddp[0](ids, pos, None, labels=labels).float().mean()
+        loss.backward()
+        self.ddp[0].finish_grad_sync()
+        self.opt.step()
+
+
+def run(model: str = "qwen2.5-0.5b", seq_len: int = 2048, tokens_per_step: int = 16384, iters: int = 6,
+        warmup: int = 2, dtype: str = "bf16", peak_tflops: float = 772.0, variable: bool = True,
+        recompute: str = "none") -> dict:
+    """Benchmark in this process (parallel state must be initialised with TP=PP=DP=1)."""
+    from mcore_rl.config.model import ModelConfig
+    from mcore_rl.config.optim import OptimConfig
+    from mcore_rl.config.parallel import ParallelConfig
+    from mcore_rl.engine import TrainEngine
+    from mcore_rl.engine.batching import make_micro_batches
+
+    hf = MODELS[model]
+    model_cfg = ModelConfig(dtype=dtype, attention="sdpa", max_seq_len=seq_len, recompute=recompute)
+    parallel = ParallelConfig()
+    n_seq = tokens_per_step // seq_len
+    fixed = _seqs([seq_len] * n_seq, hf["vocab_size"], 0)
+
+    # ---- ours: TrainEngine, packed micro batches (one micro batch of the step's tokens) ----------------------
+    ours = TrainEngine(hf, model_cfg, parallel, OptimConfig(lr=1e-6, clip_grad=1.0))
+    mbs = make_micro_batches(fixed, tokens_per_step)
+    n_tok = sum(mb["loss_mask"].sum().item() for mb in mbs)
+
+    def our_step():
+        ours.train_step(mbs, _pg_loss(n_tok))
+
+    # ---- raw Megatron: forward with labels -> vocab-parallel cross entropy, backward, optimizer step ------------
+    raw = RawMegatron(hf, model_cfg, parallel)
+    ids = torch.stack([s["input_ids"] for s in fixed]).to(raw.device)
+
+    def raw_step():
+        raw.step(ids)
+
+    def timed(fn):
+        _sync()
+        t = time.perf_counter()
+        fn()
+        _sync()
+        return time.perf_counter() - t
+
+    for _ in range(warmup):
+        our_step(), raw_step()
+    t_ours, t_raw = [], []
+    for _ in range(iters):  # interleaved
+        t_ours.append(timed(our_step))
+        t_raw.append(timed(raw_step))
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    med_ours, med_raw = statistics.median(t_ours), statistics.median(t_raw)
+    fpt = flops_per_token(hf, seq_len)
+    result = {
+        "model": model, "dtype": dtype, "recompute": recompute, "seq_len": seq_len, "tokens_per_step": n_seq * seq_len,
+        "train.step_s": med_ours, "train.raw_step_s": med_raw,
+        "train.tokens_per_s": n_seq * seq_len / med_ours, "train.raw_tokens_per_s": n_seq * seq_len / med_raw,
+        "train.ratio_vs_raw": med_raw / med_ours,
+    }
+    if torch.cuda.is_available():
+        result["train.mfu"] = result["train.tokens_per_s"] * fpt / (peak_tflops * 1e12)
+        result["train.raw_mfu"] = result["train.raw_tokens_per_s"] * fpt / (peak_tflops * 1e12)
+    del raw
+
+    if variable:  # packed vs padded on variable lengths with the same token total
+        g = torch.Generator().manual_seed(1)
+        lengths, total = [], 0
+        while total < tokens_per_step:
+            n = int(torch.randint(seq_len // 8, seq_len + 1, (1,), generator=g))
+            n = min(n, tokens_per_step - total)
+            lengths.append(n)
+            total += n
+        var = _seqs(lengths, hf["vocab_size"], 2)
+        packed = make_micro_batches(var, tokens_per_step)
+        padded = make_micro_batches(var, micro_batch_size=max(1, tokens_per_step // seq_len), packed=False)
+        vt = sum(s["loss_mask"].sum().item() for s in var)
+        for _ in range(warmup):
+            ours.train_step(packed, _pg_loss(vt)), ours.train_step(padded, _pg_loss(vt))
+        tp, tq = [], []
+        for _ in range(iters):
+            tp.append(timed(lambda: ours.train_step(packed, _pg_loss(vt))))
+            tq.append(timed(lambda: ours.train_step(padded, _pg_loss(vt))))
+        result.update({"train.var_num_seqs": len(lengths), "train.packed_tokens_per_s": total / statistics.median(tp),
+                       "train.padded_tokens_per_s": total / statistics.median(tq),
+                       "train.packed_vs_padded": statistics.median(tq) / statistics.median(tp)})
+    if torch.cuda.is_available():
+        result["train.peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return result

@@ -1,0 +1,72 @@
+"""RolloutConfig -> SGLang ServerArgs: the hardware-dependent defaults, and the same settings as
+`python -m sglang.launch_server` command-line flags.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mcore_rl.config.rollout import DTYPES, RolloutConfig
+
+# What SGLang needs on a machine without CUDA (each of the first five was needed on the CPU machines).
+CPU_DEFAULTS = {
+    "attention_backend": "torch_native",
+    "sampling_backend": "pytorch",
+    "grammar_backend": "none",
+    "disable_cuda_graph": True,
+    "disable_overlap_schedule": True,
+    "sleep_on_idle": True,  # not needed to run, but an idle scheduler otherwise spins a core at 100%
+}
+
+
+def resolve_device(cfg: RolloutConfig) -> str:
+    if cfg.device != "auto":
+        return cfg.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def server_args(cfg: RolloutConfig, model_path: str) -> dict[str, Any]:
+    """ServerArgs fields for `cfg` (None-valued fields are left to SGLang)."""
+    device = resolve_device(cfg)
+    args: dict[str, Any] = {
+        "model_path": model_path,
+        "skip_tokenizer_init": cfg.skip_tokenizer_init,
+        "device": device,
+        "dtype": DTYPES[cfg.dtype],
+        "tp_size": cfg.tp_size,
+        "base_gpu_id": cfg.base_gpu_id,
+        "mem_fraction_static": cfg.mem_fraction_static,
+        "max_total_tokens": cfg.max_total_tokens,
+        "context_length": cfg.context_length,
+        "enable_memory_saver": cfg.enable_memory_saver,
+        "random_seed": cfg.random_seed,
+        "log_level": cfg.log_level,
+    }
+    for name, cpu_value in CPU_DEFAULTS.items():
+        value = getattr(cfg, name)
+        args[name] = cpu_value if value is None and device == "cpu" else value
+    args.update(cfg.extra_args)
+    return {k: v for k, v in args.items() if v is not None}
+
+
+def to_cli(args: dict[str, Any]) -> list[str]:
+    """ServerArgs fields -> launch_server flags (True -> bare flag, False omitted: all our booleans are
+    store_true flags that default to False)."""
+    flags: list[str] = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is False:
+            continue
+        elif isinstance(value, (list, tuple)):
+            flags += [flag, *map(str, value)]
+        elif isinstance(value, dict):
+            import json
+
+            flags += [flag, json.dumps(value)]
+        else:
+            flags += [flag, str(value)]
+    return flags

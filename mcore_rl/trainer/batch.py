@@ -1,0 +1,101 @@
+"""From rollout samples to the engine's per-token sequences, and between response space and token space.
+
+Two layouts are used in one step:
+
+* response space: `[B, R]` tensors padded to the longest response, entry t of row i belongs to response token t
+  of sample i. The algorithms (advantages, KL penalty, metrics) work here, on the whole step's batch.
+* token space: per sample, 1-D tensors over prompt + response (length P + R), entry j belongs to token j, which
+  is the layout of the engine's sequences and outputs (mcore_rl.engine.batching). Prompt entries are 0 and
+  masked out by `loss_mask`.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from mcore_rl.types import Sample
+
+
+def response_mask(samples: Sequence[Sample]) -> Tensor:
+    """[B, R] float32 ones over each sample's response tokens."""
+    lengths = torch.tensor([len(s.response_ids) for s in samples])
+    width = max(1, int(lengths.max()) if len(samples) else 1)
+    return (torch.arange(width)[None, :] < lengths[:, None]).float()
+
+
+def to_response_space(per_token: Sequence[Tensor], samples: Sequence[Sample], width: int) -> Tensor:
+    """Token-space tensors (one per sample, length P + R) -> [B, width] response-space tensor, zero padded."""
+    out = torch.zeros(len(samples), width, dtype=torch.float32)
+    for i, (t, s) in enumerate(zip(per_token, samples)):
+        p, r = len(s.prompt_ids), len(s.response_ids)
+        out[i, :r] = t[p:p + r].float()
+    return out
+
+
+def to_token_space(resp: Tensor, samples: Sequence[Sample]) -> list[Tensor]:
+    """[B, R] response-space tensor -> one token-space tensor per sample (zeros over the prompt)."""
+    out = []
+    for i, s in enumerate(samples):
+        p, r = len(s.prompt_ids), len(s.response_ids)
+        t = torch.zeros(p + r, dtype=torch.float32)
+        t[p:] = resp[i, :r]
+        out.append(t)
+    return out
+
+
+def rollout_logprobs(samples: Sequence[Sample], width: int) -> Tensor:
+    out = torch.zeros(len(samples), width, dtype=torch.float32)
+    for i, s in enumerate(samples):
+        out[i, :len(s.rollout_logprobs)] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
+    return out
+
+
+def sequences(samples: Sequence[Sample], fields: dict[str, Sequence[Tensor]] | None = None) -> list[dict[str, Tensor]]:
+    """Engine sequences: input_ids (prompt + response), loss_mask on response tokens, plus token-space fields."""
+    seqs = []
+    for i, s in enumerate(samples):
+        p, r = len(s.prompt_ids), len(s.response_ids)
+        mask = torch.zeros(p + r, dtype=torch.float32)
+        mask[p:] = 1.0
+        seq = {"input_ids": torch.tensor(list(s.prompt_ids) + list(s.response_ids), dtype=torch.long),
+               "loss_mask": mask}
+        for name, values in (fields or {}).items():
+            seq[name] = values[i]
+        seqs.append(seq)
+    return seqs
+
+
+def shard(n: int, rank: int, world: int) -> list[int]:
+    """Indices of rank's contiguous share of n items (sizes differ by at most one)."""
+    base, extra = divmod(n, world)
+    start = rank * base + min(rank, extra)
+    return list(range(start, start + base + (1 if rank < extra else 0)))
+
+
+def split_even(indices: Sequence[int], parts: int) -> list[list[int]]:
+    base, extra = divmod(len(indices), parts)
+    out, start = [], 0
+    for k in range(parts):
+        size = base + (1 if k < extra else 0)
+        out.append(list(indices[start:start + size]))
+        start += size
+    return out
+
+
+def rows(x: Tensor, mb) -> Tensor:
+    """A micro batch's per-token tensor ([b, s] padded or [1, t] packed) -> [num_seqs, max_len] rows, zero padded.
+
+    Differentiable; the algorithms' per-sequence aggregation modes need one row per sequence.
+    """
+    if not mb.packed:
+        return x
+    width = max(mb.seq_lengths)
+    idx = torch.zeros(len(mb.seq_lengths), width, dtype=torch.long, device=x.device)
+    valid = torch.zeros(len(mb.seq_lengths), width, dtype=torch.bool, device=x.device)
+    for j, (start, n) in enumerate(zip(mb.seq_starts, mb.seq_lengths)):
+        idx[j, :n] = torch.arange(start, start + n, device=x.device)
+        valid[j, :n] = True
+    return torch.where(valid, x[0][idx], torch.zeros((), dtype=x.dtype, device=x.device))

@@ -1,0 +1,92 @@
+"""The loss functions the trainer hands to the engine: the actor's policy loss (+ KL, entropy) and the critic's.
+
+The engine's contract (mcore_rl/engine/forward_backward.py): a loss function returns a *contribution*, and the
+contributions of all micro batches on all data-parallel ranks are summed. The algorithms' aggregation gives
+exactly that when it is handed the mini-batch's global token and sequence counts (MiniBatchCounts), so the
+summed loss is the full mini-batch loss whatever the micro-batching or DP layout. Metrics are weighted by the
+micro batch's share of the mini-batch's tokens, so their sums are token-weighted means.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from mcore_rl import algorithms as alg
+from mcore_rl.config.rl import ActorConfig, CriticConfig
+from mcore_rl.trainer.batch import rows
+
+
+@dataclass
+class MiniBatchCounts:
+    num_tokens: torch.Tensor  # response tokens in the mini-batch, over all DP ranks
+    num_seqs: torch.Tensor  # sequences with at least one response token
+
+
+def count(micro_batches, device, dp_group) -> MiniBatchCounts:
+    """Global counts of one mini-batch: one all-reduce over the data-parallel group."""
+    counts = torch.zeros(2, dtype=torch.float64, device=device)
+    for mb in micro_batches:
+        m = rows(mb["loss_mask"], mb)
+        counts[0] += m.sum()
+        counts[1] += (m.sum(-1) > 0).sum()
+    if dp_group is not None and dist.get_world_size(dp_group) > 1:
+        dist.all_reduce(counts, group=dp_group)
+    return MiniBatchCounts(counts[0].clamp(min=1), counts[1].clamp(min=1))
+
+
+def _share(mb, counts: MiniBatchCounts) -> torch.Tensor:
+    return mb["loss_mask"].sum().double() / counts.num_tokens
+
+
+def actor_loss_fn(cfg: ActorConfig, counts: MiniBatchCounts, max_response_length: int, use_ref: bool):
+    agg = dict(loss_agg_mode=cfg.loss_agg_mode, global_num_tokens=counts.num_tokens.float(),
+               global_num_seqs=counts.num_seqs.float(), max_response_length=max_response_length)
+
+    def loss_fn(out: dict, mb):
+        mask = rows(mb["loss_mask"], mb)
+        logprobs = rows(out["logprobs"], mb)
+        old = rows(mb["old_logprobs"], mb)
+        weights = None
+        if cfg.tis_cap is not None:
+            weights = alg.truncated_importance_weights(old, rows(mb["rollout_logprobs"], mb), mask, cap=cfg.tis_cap)
+        loss, m = alg.compute_policy_loss(
+            cfg.policy_loss, logprobs=logprobs, old_logprobs=old, advantages=rows(mb["advantages"], mb),
+            response_mask=mask, clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
+            clip_ratio_c=cfg.clip_ratio_c, token_weights=weights, **agg)
+        share = _share(mb, counts)
+        metrics = {"actor/pg_loss": loss.detach()}
+        for key in ("clip_frac", "ppo_kl", "approx_kl", "ratio_mean"):
+            if key in m:
+                metrics[f"actor/{key}"] = m[key] * share
+        total = loss
+        if cfg.entropy_coef or "entropy" in out:
+            ent = alg.entropy_bonus(mask, entropy=rows(out["entropy"], mb), **agg)
+            metrics["actor/entropy"] = ent.detach()
+            total = total - cfg.entropy_coef * ent
+        if use_ref and cfg.kl_loss_coef > 0:
+            kl, _ = alg.kl_loss(logprobs, rows(mb["ref_logprobs"], mb), mask, estimator=cfg.kl_loss_estimator, **agg)
+            metrics["actor/kl_loss"] = kl.detach()
+            total = total + cfg.kl_loss_coef * kl
+        return total, metrics
+
+    return loss_fn
+
+
+def critic_loss_fn(cfg: CriticConfig, counts: MiniBatchCounts):
+    agg = dict(loss_agg_mode="token-mean", global_num_tokens=counts.num_tokens.float())
+
+    def loss_fn(out: dict, mb):
+        mask = rows(mb["loss_mask"], mb)
+        loss, m = alg.value_loss(rows(out["values"], mb), rows(mb["old_values"], mb), rows(mb["returns"], mb),
+                                 mask, cliprange_value=cfg.cliprange_value, **agg)
+        share = _share(mb, counts)
+        metrics = {"critic/value_loss": loss.detach()}
+        for key, value in m.items():
+            if key != "value_loss":
+                metrics[f"critic/{key}"] = value * share
+        return cfg.value_loss_coef * loss, metrics
+
+    return loss_fn

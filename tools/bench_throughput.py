@@ -1,0 +1,150 @@
+"""Throughput figures as ratios against the raw libraries doing the same work in the same run.
+
+    python tools/bench_throughput.py --json out.json train --model qwen2.5-0.5b       # GPU
+    python tools/bench_throughput.py train --model tiny --seq-len 64 --tokens 512     # CPU smoke
+    python tools/bench_throughput.py rollout --model smollm2                          # HF folder: tiny|smollm2|path
+    python tools/bench_throughput.py weight_sync --model smollm2
+    torchrun --nproc_per_node 2 tools/bench_throughput.py weight_sync --model smollm2 # TP=2 export
+    python tools/bench_throughput.py e2e --model smollm2
+    python tools/bench_throughput.py --json out.json all --model tiny --train-model tiny --seq-len 64 --tokens 512 \\
+        --prompts 2 --n 2 --prompt-len 8 --max-new-tokens 8 --repeats 1 --warmup 1      # CPU smoke of everything
+
+Sub-benchmarks (each callable alone; `all` runs them in one process sharing one SGLang engine):
+  train        actor update vs a raw Megatron-Core loop; packed vs padded (train.*; --model names model dims)
+  rollout      RolloutEngine.generate vs the raw sglang.Engine it holds (rollout.ratio_vs_raw)
+  weight_sync  export + colocated update vs a plain copy of the bytes (weight_sync.ratio_vs_copy, .gb_per_s)
+  e2e          one GRPO step and its parts vs raw generation + raw update + plain copy (e2e.ratio_vs_raw_parts)
+Prints a table; --json writes the figures. Under torchrun only weight_sync runs (TP = the number of processes).
+See docs/performance.md.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+ENGINE_BENCHES = ("rollout", "weight_sync", "e2e")
+
+
+def _train_args(p, model_flag: str) -> None:
+    p.add_argument(model_flag, dest="train_model", default="qwen2.5-0.5b", help="qwen2.5-0.5b | qwen2.5-1.5b | tiny")
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--tokens", type=int, default=16384, help="tokens per step")
+    p.add_argument("--iters", type=int, default=6)
+    p.add_argument("--train-warmup", type=int, default=2)
+    p.add_argument("--dtype", default="bf16")
+    p.add_argument("--recompute", default="none")
+
+
+def _engine_args(p) -> None:
+    p.add_argument("--model", default="smollm2", help="HF folder: tiny (random, vocab 512) | smollm2 | a path")
+    p.add_argument("--prompts", type=int, default=32, help="prompts per rollout / step")
+    p.add_argument("--n", type=int, default=8, help="samples per prompt")
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--max-new-tokens", type=int, default=256, help="every sample gets exactly this many (ignore_eos)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--bucket-mb", type=int, default=512)
+    p.add_argument("--max-tokens-per-micro-batch", type=int, default=4096)
+    p.add_argument("--no-ref", action="store_true", help="e2e without the reference model's forward")
+    p.add_argument("--max-total-tokens", type=int, default=32768, help="SGLang KV cache tokens on CPU")
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", default=None, help="write the figures here")
+    sub = parser.add_subparsers(dest="what", required=True)
+    _train_args(sub.add_parser("train", help="actor update vs raw Megatron-Core"), "--model")
+    for name, helptext in (("rollout", "RolloutEngine.generate vs raw sglang.Engine.generate"),
+                           ("weight_sync", "colocated weight sync vs a plain copy"),
+                           ("e2e", "one GRPO step vs the sum of raw parts")):
+        _engine_args(sub.add_parser(name, help=helptext))
+    everything = sub.add_parser("all", help="train, rollout, weight_sync and e2e in one process")
+    _engine_args(everything)
+    _train_args(everything, "--train-model")
+    return parser.parse_args()
+
+
+def run_engine_benches(args, names, world: int) -> dict:
+    import torch.distributed as dist
+
+    from mcore_rl.bench import common
+    from mcore_rl.config.parallel import ParallelConfig
+    from mcore_rl.models.arch import load_hf_config
+    from mcore_rl.parallel import initialize
+
+    scratch = tempfile.mkdtemp(prefix="bench_")
+    path = common.model_folder(args.model, scratch) if int(os.environ.get("RANK", 0)) == 0 else None
+    if world > 1:  # rank 0 made the folder; the others wait for it
+        box = [path]
+        initialize(ParallelConfig(tp=world))
+        dist.broadcast_object_list(box, src=0)
+        path = box[0]
+    hf = load_hf_config(path)
+    parallel = ParallelConfig(tp=world)
+    initialize(parallel, hf)
+    result: dict = {"hf_model": args.model}
+    engine = common.start_engine(path, args.max_total_tokens) if dist.get_rank() == 0 else None
+    try:
+        prompts = common.random_prompts(args.prompts, args.prompt_len, hf["vocab_size"])
+        if "rollout" in names:
+            from mcore_rl.bench import rollout
+
+            result.update(rollout.run(engine, prompts, args.n, args.max_new_tokens, args.repeats, args.warmup))
+        actor = common.load_actor(path, hf, parallel) if {"weight_sync", "e2e"} & set(names) else None
+        if "weight_sync" in names:
+            from mcore_rl.bench import weight_sync
+
+            result.update(weight_sync.run(engine, actor.model_chunks, hf, args.bucket_mb << 20, args.repeats,
+                                          args.warmup))
+        if "e2e" in names:
+            from mcore_rl.bench import e2e
+
+            ref = None if args.no_ref else common.load_actor(path, hf, parallel, with_optimizer=False)
+            result.update(e2e.run(engine, actor, ref, hf, prompts, args.n, args.max_new_tokens, args.bucket_mb << 20,
+                                  args.max_tokens_per_micro_batch, args.repeats, args.warmup))
+    finally:
+        if engine is not None:
+            engine.shutdown()
+    return result
+
+
+def main() -> None:
+    args = parse_args()
+    from mcore_rl.config.parallel import ParallelConfig
+    from mcore_rl.parallel import destroy, initialize
+
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if world > 1 and args.what != "weight_sync":
+        raise ValueError(f"under torchrun ({world} processes) only weight_sync runs (TP={world}); run "
+                         f"{args.what!r} as a plain `python tools/bench_throughput.py {args.what}`")
+    result: dict = {}
+    try:
+        if args.what in ("train", "all"):
+            from mcore_rl.bench.train import run
+
+            initialize(ParallelConfig())
+            result.update(run(args.train_model, args.seq_len, args.tokens, args.iters, args.train_warmup, args.dtype,
+                              recompute=args.recompute))
+        if args.what in ENGINE_BENCHES or args.what == "all":
+            names = ENGINE_BENCHES if args.what == "all" else (args.what,)
+            result.update(run_engine_benches(args, names, world))
+    finally:
+        destroy()
+    if int(os.environ.get("RANK", 0)) != 0:
+        return
+    width = max(len(k) for k in result)
+    for k, v in result.items():
+        print(f"{k:<{width}}  {v:.4g}" if isinstance(v, float) else f"{k:<{width}}  {v}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in result.items()},
+                      f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
