@@ -60,6 +60,9 @@ def train(cfg: RLConfig) -> None:
     dataset = load_prompt_dataset(cfg.data, tokenizer)
     sampler = EpochSampler(dataset, cfg.trainer.prompts_per_step, shuffle=cfg.data.shuffle, seed=cfg.data.seed)
     n = cfg.algorithm.n_samples_per_prompt
+    # The trainer scores tokens under the distribution the engine sampled from: logits / T. Greedy (T = 0)
+    # log-probs are the plain log-softmax, as SGLang reports them.
+    temp = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
     num_mini = _num_mini_batches(cfg, dp_size)
     updates = cfg.trainer.total_steps * num_mini * cfg.actor.ppo_epochs
     actor = TrainEngine(hf, cfg.model, cfg.parallel, OptimConfig.from_settings(cfg.actor, lr_decay_steps=updates))
@@ -102,8 +105,9 @@ def train(cfg: RLConfig) -> None:
         rewards = RewardManager(cfg.reward)
     sync = WeightSync(actor.model_chunks, hf, cfg.trainer.weight_sync, cfg.trainer.weight_sync_bucket_mb << 20,
                       rollout, os.path.join(out_dir, "scratch"), model_path)
+    expected_syncs = 0
     if start > 0:
-        sync.sync()  # the engine starts from the HF weights; give it the resumed actor's
+        expected_syncs = sync.sync()  # the engine starts from the HF weights; give it the resumed actor's
     metrics_log = MetricsLogger(out_dir, dist.get_rank() == 0, cfg.logger.tensorboard,
                                 _wandb_cfg(cfg) if cfg.logger.wandb else None, resume_step=start)
     if dist.get_rank() == 0:
@@ -156,8 +160,8 @@ def train(cfg: RLConfig) -> None:
             mine = shard(len(samples), dp_rank, dp_size)
             my_samples = [samples[i] for i in mine]
             mbs = _micro_batches(actor, sequences(my_samples), cfg.actor.max_tokens_per_micro_batch)
-            old_tok = _gather_tokens(actor.compute_logprobs(mbs, temperature=cfg.rollout.temperature), mbs, "logprobs")
-            ref_tok = (_gather_tokens(ref.compute_logprobs(mbs, temperature=cfg.rollout.temperature), mbs, "logprobs")
+            old_tok = _gather_tokens(actor.compute_logprobs(mbs, temperature=temp), mbs, "logprobs")
+            ref_tok = (_gather_tokens(ref.compute_logprobs(mbs, temperature=temp), mbs, "logprobs")
                        if ref is not None else None)
             val_tok = _gather_tokens(critic.compute_values(mbs), mbs, "values") if critic is not None else None
             m["timing/forward_s"] = time.perf_counter() - t0
@@ -197,7 +201,7 @@ def train(cfg: RLConfig) -> None:
             seqs = sequences(my_samples, {k: to_token_space(v[mine], my_samples) for k, v in fields.items()})
             m.update(_update(actor, seqs, num_mini, cfg.actor.ppo_epochs, cfg.actor.max_tokens_per_micro_batch,
                              lambda c: actor_loss_fn(cfg.actor, c, cfg.rollout.max_new_tokens, ref is not None),
-                             dp_group, "actor", with_entropy=True, temperature=cfg.rollout.temperature))
+                             dp_group, "actor", with_entropy=True, temperature=temp))
             if critic is not None:
                 cseqs = sequences(my_samples, {"old_values": to_token_space(values[mine], my_samples),
                                                "returns": to_token_space(returns[mine], my_samples)})
@@ -209,10 +213,17 @@ def train(cfg: RLConfig) -> None:
 
             # ---- weight sync, metrics, checkpoint -----------------------------------------------------------
             t0 = time.perf_counter()
-            version = sync.sync()
+            engine_syncs = sync.sync()
             m["timing/weight_sync_s"] = time.perf_counter() - t0
             if dist.get_rank() == 0:
-                m["rollout/weight_version"] = float(version)
+                # The engine counts the syncs it completed since it started; the weights it now holds are the
+                # actor's after this step's update, whatever the run's history (resumed or not).
+                if engine_syncs != expected_syncs + 1:
+                    raise RuntimeError(f"rollout engine reports {engine_syncs} weight syncs, expected "
+                                       f"{expected_syncs + 1}: a sync was lost")
+                expected_syncs = engine_syncs
+                m["rollout/engine_syncs"] = float(engine_syncs)
+                m["rollout/weight_version"] = float(step)
                 m["weight_sync/gb_per_s"] = sync.last_bytes / 1e9 / max(m["timing/weight_sync_s"], 1e-9)
             m["timing/step_s"] = time.perf_counter() - t_step
             metrics_log.log(step, m)
