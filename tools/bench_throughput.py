@@ -69,6 +69,11 @@ def parse_args():
     return parser.parse_args()
 
 
+def _progress(what: str) -> None:
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(f"[bench_throughput] {what}", file=sys.stderr, flush=True)
+
+
 def run_engine_benches(args, names, world: int) -> dict:
     import torch.distributed as dist
 
@@ -77,8 +82,8 @@ def run_engine_benches(args, names, world: int) -> dict:
     from mcore_rl.models.arch import load_hf_config
     from mcore_rl.parallel import initialize
 
-    scratch = tempfile.mkdtemp(prefix="bench_")
-    path = common.model_folder(args.model, scratch) if int(os.environ.get("RANK", 0)) == 0 else None
+    scratch = tempfile.TemporaryDirectory(prefix="bench_")  # the tiny model's folder; removed at exit
+    path = common.model_folder(args.model, scratch.name) if int(os.environ.get("RANK", 0)) == 0 else None
     if world > 1:  # rank 0 made the folder; the others wait for it
         box = [path]
         initialize(ParallelConfig(tp=world))
@@ -88,20 +93,24 @@ def run_engine_benches(args, names, world: int) -> dict:
     parallel = ParallelConfig(tp=world)
     initialize(parallel, hf)
     result: dict = {"hf_model": args.model}
+    _progress("starting the SGLang engine")
     engine = common.start_engine(path, args.max_total_tokens) if dist.get_rank() == 0 else None
     try:
         prompts = common.random_prompts(args.prompts, args.prompt_len, hf["vocab_size"])
         if "rollout" in names:
+            _progress("rollout")
             from mcore_rl.bench import rollout
 
             result.update(rollout.run(engine, prompts, args.n, args.max_new_tokens, args.repeats, args.warmup))
         actor = common.load_actor(path, hf, parallel) if {"weight_sync", "e2e"} & set(names) else None
         if "weight_sync" in names:
+            _progress("weight_sync")
             from mcore_rl.bench import weight_sync
 
             result.update(weight_sync.run(engine, actor.model_chunks, hf, args.bucket_mb << 20, args.repeats,
                                           args.warmup))
         if "e2e" in names:
+            _progress("e2e")
             from mcore_rl.bench import e2e
 
             ref = None if args.no_ref else common.load_actor(path, hf, parallel, with_optimizer=False)
@@ -110,6 +119,7 @@ def run_engine_benches(args, names, world: int) -> dict:
     finally:
         if engine is not None:
             engine.shutdown()
+        scratch.cleanup()
     return result
 
 
@@ -127,6 +137,7 @@ def main() -> None:
         if args.what in ("train", "all"):
             from mcore_rl.bench.train import run
 
+            _progress("train")
             initialize(ParallelConfig())
             result.update(run(args.train_model, args.seq_len, args.tokens, args.iters, args.train_warmup, args.dtype,
                               recompute=args.recompute))

@@ -58,6 +58,10 @@ def start_engine(path: str, max_total_tokens: int, **overrides):
     cfg = dict(mode="engine", dtype=model_dtype(), show_progress=False, log_level="error")
     if not torch.cuda.is_available():
         cfg.update(max_total_tokens=max_total_tokens, request_batch_size=32, max_concurrent_requests=4)
+    else:  # colocated with the trainer's models on one GPU; triton attention (FA3 kernels are optional)
+        cfg.update(attention_backend="triton", sampling_backend="pytorch", mem_fraction_static=0.35,
+                   request_batch_size=256, extra_args={"cuda_graph_max_bs_decode": 64,
+                                                       "disable_prefill_cuda_graph": True})
     cfg.update(overrides)
     with without_torchrun_env():
         return RolloutEngine(RolloutConfig(**cfg), model_path=path)

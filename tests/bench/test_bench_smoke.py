@@ -1,0 +1,49 @@
+"""tools/bench_throughput.py runs end to end on CPU: `all` on the tiny random model with minimal sizes, in one
+subprocess (one SGLang engine shared by rollout, weight_sync and e2e). Checks only that every figure the docs
+name is present, finite and positive; benchmarks are not tests, so no timing is asserted."""
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+KEYS = [
+    "train.ratio_vs_raw", "train.tokens_per_s", "train.raw_tokens_per_s", "train.packed_vs_padded",
+    "rollout.tokens_per_s", "rollout.raw_tokens_per_s", "rollout.ratio_vs_raw",
+    "weight_sync.seconds", "weight_sync.copy_seconds", "weight_sync.gb_per_s", "weight_sync.ratio_vs_copy",
+    "weight_sync.export_seconds_per_gb",
+    "e2e.step_s", "e2e.raw_parts_s", "e2e.ratio_vs_raw_parts", "e2e.rollout_s", "e2e.old_logprobs_s",
+    "e2e.ref_logprobs_s", "e2e.update_s", "e2e.sync_s", "e2e.raw_rollout_s", "e2e.raw_update_s", "e2e.raw_sync_s",
+]
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_all_writes_every_figure(tmp_path):
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, str(ROOT / "tools" / "bench_throughput.py"), "--json", str(out), "all",
+           "--model", "tiny", "--train-model", "tiny", "--seq-len", "32", "--tokens", "128", "--iters", "1",
+           "--train-warmup", "1", "--prompts", "2", "--n", "2", "--prompt-len", "4", "--max-new-tokens", "4",
+           "--repeats", "1", "--warmup", "1", "--max-total-tokens", "2048"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", MASTER_PORT=str(_free_port()))
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    figures = json.loads(out.read_text())
+    bad = {k: figures.get(k) for k in KEYS
+           if not isinstance(figures.get(k), (int, float)) or not math.isfinite(figures[k]) or figures[k] <= 0}
+    assert not bad, f"missing, non-finite or non-positive figures: {bad}"
+    assert figures["weight_sync.tp"] == 1 and figures["e2e.new_tokens"] == 2 * 2 * 4
+    assert "rollout.ratio_vs_raw" in proc.stdout  # the table
