@@ -40,7 +40,8 @@ class RolloutConfig:
     base_gpu_id: int = 0
     """First GPU the engine uses (colocated: usually 0; disaggregated: the first GPU after the trainer's)."""
     attention_backend: str | None = None
-    """None: torch_native on CPU, SGLang's choice on GPU (conf/rollout/gpu.yaml picks triton; fa3 is faster on H100/H200)."""
+    """None: torch_native on CPU, SGLang's choice on GPU (conf/rollout/gpu.yaml picks triton; fa3 is faster on
+    H100/H200 where its kernels are installed)."""
     sampling_backend: str | None = None
     """None: pytorch on CPU, SGLang's default on GPU."""
     grammar_backend: str | None = None

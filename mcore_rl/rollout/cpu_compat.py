@@ -20,7 +20,7 @@ machines the real sglang-kernel is used and nothing here runs.
 How it reaches SGLang's child processes: SGLang starts its scheduler and detokenizer with multiprocessing's
 "spawn" method, i.e. fresh interpreters that import SGLang (and so `sgl_kernel`) before any of our code could
 run. A spawned child starts with the parent's `sys.path` (multiprocessing.spawn.prepare copies it), so `install()`
-puts the directory `_sgl_kernel_stub/` (which holds a two-line `sgl_kernel` package that loads this module) at
+puts the directory `_sgl_kernel_stub/` (a tiny `sgl_kernel` package whose __init__ loads this module) at
 the front of `sys.path` in the parent, and registers the stand-in in `sys.modules` for the parent itself. For an
 HTTP server we launch, `child_env()` adds the same directory to PYTHONPATH. A server started by hand on CPU needs
 `PYTHONPATH=$(python -m mcore_rl.rollout.cpu_compat)`; nothing has to be written into site-packages.

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import uuid
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -144,8 +145,6 @@ class RolloutEngine:
         rollout.request_timeout_s)."""
         from tqdm.auto import tqdm
 
-        from mcore_rl.rollout.inprocess import new_rid
-
         sampling = sampling or self.default_sampling()
         _check_generate_args(prompts, n, sampling, metas, prompt_texts, self.cfg.skip_tokenizer_init)
         self._check_can_generate()
@@ -154,7 +153,7 @@ class RolloutEngine:
         chunks = [owners[s:s + size] for s in range(0, len(owners), size)]
         params = sampling.to_sglang()
         requests = [{"input_ids": [[int(t) for t in prompts[i]] for i in chunk], "sampling_params": params,
-                     "return_logprob": True, "rid": [new_rid() for _ in chunk]} for chunk in chunks]
+                     "return_logprob": True, "rid": [uuid.uuid4().hex for _ in chunk]} for chunk in chunks]
         outputs: list[list[dict] | None] = [None] * len(requests)
         show = self.cfg.show_progress if show_progress is None else show_progress
         with tqdm(total=len(owners), desc="rollout", unit="sample", leave=False,
@@ -194,7 +193,8 @@ class RolloutEngine:
         if self._sync is not None:
             raise RuntimeError("begin_update() called while a weight sync is already open")
         if "weights" in self._released:
-            raise RuntimeError("begin_update() called while the weights' memory is released: resume_memory(['weights']) first")
+            raise RuntimeError("begin_update() called while the weights' memory is released: "
+                               "resume_memory(['weights']) first")
         began = self.backend.call("begin a weight update", self.cfg.request_timeout_s, self.backend.begin_weight_update)
         self._sync = _Sync(began_session=bool(began))
 
@@ -225,6 +225,17 @@ class RolloutEngine:
         self._stale = None
         self.weight_version += 1
         return self.weight_version
+
+    @property
+    def sync_open(self) -> bool:
+        """True between begin_update() and end_update()/abort_update()."""
+        return self._sync is not None
+
+    def abort_update(self, reason: str = "aborted by the caller") -> None:
+        """Abandon the open sync (e.g. the trainer failed while exporting buckets): no version bump, and
+        generate() refuses until a complete sync succeeds. No-op when no sync is open."""
+        if self._sync is not None:
+            self._abandon_sync(reason)
 
     @contextlib.contextmanager
     def weight_update(self, flush_cache: bool = True):

@@ -20,7 +20,6 @@ import logging
 import signal
 import threading
 import time
-import uuid
 from typing import Any, Callable
 
 from mcore_rl.rollout import cpu_compat
@@ -247,7 +246,3 @@ class InProcessBackend(Backend):
         _close_zmq_contexts(self._zmq_contexts)
         self._zmq_contexts = []
         atexit.unregister(self.shutdown)
-
-
-def new_rid() -> str:
-    return uuid.uuid4().hex

@@ -106,7 +106,8 @@ class ServerBackend(Backend):
                 raise RolloutEngineError(f"failed to {doing}: {self._broken}. Check rollout.model_path (or "
                                          f"model.path) and the rollout.* engine settings.{self.log_tail()}")
             try:
-                r = requests.get(f"{self.url}/health", timeout=_CONNECT_TIMEOUT_S)
+                r = requests.get(f"{self.url}/health",
+                                 timeout=max(0.1, min(_CONNECT_TIMEOUT_S, deadline - time.monotonic())))
                 if r.status_code == 200:
                     return
                 last = f"HTTP {r.status_code} from /health"
@@ -259,7 +260,12 @@ class ServerBackend(Backend):
         return self.post("/resume_memory_occupation", {"tags": tags})
 
     def shutdown(self) -> None:
+        """Kill a launched server (its whole process group); keep its log only if something went wrong."""
         super().shutdown()
+        healthy = self._proc is not None and self.dead_reason() is None
         self._kill()
+        if healthy and self.log_path is not None:
+            with contextlib.suppress(OSError):
+                os.remove(self.log_path)
         self._broken = self._broken or "shut down"
 

@@ -54,9 +54,9 @@ class WeightSync:
                     self.rollout.update_bucket(named)
                 else:
                     self._sender.send_bucket(named)
-        except BaseException:
-            if rank == 0 and self.rollout._sync is not None:
-                self.rollout._abandon_sync("the weight export failed")
+        except BaseException as e:
+            if rank == 0 and self.rollout.sync_open:
+                self.rollout.abort_update(f"the weight export failed: {type(e).__name__}: {e}")
             raise
         self.last_bytes = nbytes
         return self.rollout.end_update() if rank == 0 else 0
