@@ -1,30 +1,13 @@
 """Pieces the rollout, weight_sync and e2e benchmarks share: an HF model folder by name, one SGLang engine
-(started with torchrun's variables hidden), the training engine loaded from the folder, timing helpers."""
+(RolloutEngine hides torchrun's variables from it), the training engine loaded from the folder, timing helpers."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import statistics
 import time
 
 import torch
-
-# torchrun's rendezvous variables: SGLang's child processes must not see them (they would join the trainer's
-# store and hang). Same list as mcore_rl/trainer/loop.py, which bench may not import (nothing imports trainer/).
-_TORCHRUN_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                  "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT"}
-
-
-@contextlib.contextmanager
-def without_torchrun_env():
-    names = [k for k in os.environ if k in _TORCHRUN_VARS or k.startswith("TORCHELASTIC_")]
-    saved = {k: os.environ.pop(k) for k in names}
-    try:
-        yield
-    finally:
-        os.environ.update(saved)
-
 
 def model_folder(name: str, scratch: str) -> str:
     """`tiny` (random qwen2, vocab 512, written to scratch), `smollm2` (SmolLM2-135M, cached) or an HF folder."""
@@ -63,8 +46,7 @@ def start_engine(path: str, max_total_tokens: int, **overrides):
                    request_batch_size=256, extra_args={"cuda_graph_max_bs_decode": 64,
                                                        "disable_prefill_cuda_graph": True})
     cfg.update(overrides)
-    with without_torchrun_env():
-        return RolloutEngine(RolloutConfig(**cfg), model_path=path)
+    return RolloutEngine(RolloutConfig(**cfg), model_path=path)
 
 
 def raw_sglang(engine):

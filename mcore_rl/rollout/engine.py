@@ -107,14 +107,17 @@ class RolloutEngine:
         path = model_path or cfg.model_path
         _check_model_path(path)
         args = server_args(cfg, path)
-        if cfg.mode == "engine":
-            from mcore_rl.rollout.inprocess import InProcessBackend
+        from mcore_rl.rollout.launch_env import without_torchrun_env
 
-            self.backend = InProcessBackend(args, cfg.startup_timeout_s)
-        else:
-            from mcore_rl.rollout.server import ServerBackend
+        with without_torchrun_env():  # the engine's processes must not join the trainer's torchrun world
+            if cfg.mode == "engine":
+                from mcore_rl.rollout.inprocess import InProcessBackend
 
-            self.backend = ServerBackend(args, cfg.host, cfg.port, cfg.startup_timeout_s, tp_size=cfg.tp_size)
+                self.backend = InProcessBackend(args, cfg.startup_timeout_s)
+            else:
+                from mcore_rl.rollout.server import ServerBackend
+
+                self.backend = ServerBackend(args, cfg.host, cfg.port, cfg.startup_timeout_s, tp_size=cfg.tp_size)
 
     # -- facts ------------------------------------------------------------------------------------------------
     @property

@@ -80,10 +80,13 @@ class DistributedWeightSender:
         world_size = 1 + self.engine.num_ranks
         pending = self.engine.init_weights_update_group(self.master_address, port, 1, world_size, self.group_name,
                                                         self.backend)
+        from mcore_rl.rollout.launch_env import without_torchrun_env
+
         try:
-            self._group = init_custom_process_group(
-                backend=self.backend, init_method=f"tcp://{self.master_address}:{port}", world_size=world_size,
-                rank=0, group_name=self.group_name, timeout=datetime.timedelta(seconds=self.timeout_s))
+            with without_torchrun_env():  # else, under torchrun, rank 0 would not host the group's store
+                self._group = init_custom_process_group(
+                    backend=self.backend, init_method=f"tcp://{self.master_address}:{port}", world_size=world_size,
+                    rank=0, group_name=self.group_name, timeout=datetime.timedelta(seconds=self.timeout_s))
         except Exception as e:
             raise RolloutEngineError(
                 f"could not form the weight-update group at {self.master_address}:{port} ({self.backend}): {e}. "

@@ -10,7 +10,6 @@ data-parallel rank trains on its share, and the weights come back to the engine 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
@@ -100,8 +99,7 @@ def train(cfg: RLConfig) -> None:
         from mcore_rl.rewards.manager import RewardManager
         from mcore_rl.rollout.engine import RolloutEngine
 
-        with _without_torchrun_env():
-            rollout = RolloutEngine(cfg.rollout, model_path)
+        rollout = RolloutEngine(cfg.rollout, model_path)
         rewards = RewardManager(cfg.reward)
     sync = WeightSync(actor.model_chunks, hf, cfg.trainer.weight_sync, cfg.trainer.weight_sync_bucket_mb << 20,
                       rollout, os.path.join(out_dir, "scratch"), model_path)
@@ -293,23 +291,6 @@ def _update(engine, seqs, num_mini, epochs, max_tokens, make_loss, dp_group, pre
             sums[f"{prefix}/lr"] = res.lr
             steps += 1
     return {k: (v if k.endswith("/lr") else v / steps) for k, v in sums.items()}
-
-
-@contextlib.contextmanager
-def _without_torchrun_env():
-    """SGLang's child processes inherit the environment: torchrun's rendezvous variables (notably
-    TORCHELASTIC_USE_AGENT_STORE and WORLD_SIZE) would make their own torch.distributed setup join the
-    trainer's store and wait forever. Hide them while the engine spawns its processes."""
-    names = [k for k in os.environ if k in _TORCHRUN_VARS or k.startswith("TORCHELASTIC_")]
-    saved = {k: os.environ.pop(k) for k in names}
-    try:
-        yield
-    finally:
-        os.environ.update(saved)
-
-
-_TORCHRUN_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                  "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT"}
 
 
 def _broadcast(obj):
