@@ -44,8 +44,14 @@ def train(cfg: RLConfig) -> None:
     from mcore_rl.trainer.sync import WeightSync
 
     rank0 = int(os.environ.get("RANK", 0)) == 0
-    logging.basicConfig(level=logging.INFO if rank0 else logging.WARNING,
-                        format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S", force=True)
+    # Our own handler: SGLang reconfigures the root logger (to its log_level) when its engine starts, which
+    # would silence the per-step summary line.
+    log.setLevel(logging.INFO if rank0 else logging.WARNING)
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s mcore_rl: %(message)s", datefmt="%H:%M:%S"))
+        log.addHandler(handler)
+        log.propagate = False
     model_path = resolve_model_path(cfg.model.path)  # safe to call from every rank at once (file lock)
     hf = load_hf_config(model_path)
     layout = initialize(cfg.parallel, hf)
