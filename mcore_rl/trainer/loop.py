@@ -173,9 +173,9 @@ def train(cfg: RLConfig) -> None:
             # Advantages need the whole batch (groups, whitening): all-gather the per-sample results over DP.
             mask = response_mask(samples)
             width = mask.size(1)
-            old = _all_gather_resp(old_tok, my_samples, width, dp_group, samples, mine)
-            ref_lp = _all_gather_resp(ref_tok, my_samples, width, dp_group, samples, mine) if ref_tok else None
-            values = _all_gather_resp(val_tok, my_samples, width, dp_group, samples, mine) if val_tok else None
+            old = _all_gather_resp(old_tok, my_samples, width, dp_group)
+            ref_lp = _all_gather_resp(ref_tok, my_samples, width, dp_group) if ref_tok else None
+            values = _all_gather_resp(val_tok, my_samples, width, dp_group) if val_tok else None
             roll = rollout_logprobs(samples, width)
             diff = (old - roll).abs() * mask
             m["rollout/logprob_diff"] = float(diff.sum() / mask.sum().clamp(min=1))
@@ -272,7 +272,7 @@ def _gather_tokens(outputs, mbs, key: str):
     return [t.float().cpu() for t in unpack([o[key] for o in outputs], mbs)]
 
 
-def _all_gather_resp(per_token, my_samples, width, dp_group, samples, mine):
+def _all_gather_resp(per_token, my_samples, width, dp_group):
     """This rank's token-space outputs -> the whole batch's [B, width] response-space tensor on every rank."""
     local = to_response_space(per_token, my_samples, width)
     world = dist.get_world_size(dp_group)

@@ -27,7 +27,6 @@ class WeightSync:
         self.rollout = rollout  # RolloutEngine on global rank 0, None elsewhere
         self.exporter = HFWeightExporter(actor_chunks, hf, bucket_bytes=bucket_bytes, destination=0)
         self.scratch_dir = scratch_dir
-        self.hf = hf
         self._sender = None
         self.last_bytes = 0
 
