@@ -5,8 +5,9 @@
         --out data/arith_hard.jsonl
     python examples/make_arithmetic_data.py --task preference --out data/arith_dpo.jsonl
     python examples/make_arithmetic_data.py --task countdown --num-numbers 4 --out data/countdown.jsonl
+    python examples/make_arithmetic_data.py --task safety --num 256 --out examples/data/safety_pairs.jsonl
 
-Arithmetic and preference rows use DataConfig / PreferenceDataConfig defaults; countdown rows need
+Safety rows are preference pairs (refusals chosen) for the multi-task recipe. Arithmetic and preference rows use DataConfig / PreferenceDataConfig defaults; countdown rows need
 `data.meta_keys=[numbers,target]` and `reward.name=countdown`.
 """
 
@@ -14,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 
-from mcore_rl.data.synthetic import make_arithmetic_rows, make_countdown_rows, make_preference_rows, write_jsonl
+from mcore_rl.data.synthetic import (make_arithmetic_rows, make_countdown_rows, make_preference_rows,
+                                     make_safety_rows, write_jsonl)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--task", choices=["arithmetic", "preference", "countdown"], default="arithmetic")
+    parser.add_argument("--task", choices=["arithmetic", "preference", "countdown", "safety"], default="arithmetic")
     parser.add_argument("--out", required=True, help="output .jsonl path")
     parser.add_argument("--num", type=int, default=1000, help="number of rows")
     parser.add_argument("--seed", type=int, default=0)
@@ -39,6 +41,8 @@ def main() -> None:
         rows = make_arithmetic_rows(args.num, seed=args.seed, **arithmetic)
     elif args.task == "preference":
         rows = make_preference_rows(args.num, seed=args.seed, **arithmetic)
+    elif args.task == "safety":
+        rows = make_safety_rows(args.num, seed=args.seed)
     else:
         rows = make_countdown_rows(
             args.num,

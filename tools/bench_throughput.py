@@ -14,6 +14,7 @@ Sub-benchmarks (each callable alone; `all` runs them in one process sharing one 
   rollout      RolloutEngine.generate vs the raw sglang.Engine it holds (rollout.ratio_vs_raw)
   weight_sync  export + colocated update vs a plain copy of the bytes (weight_sync.ratio_vs_copy, .gb_per_s)
   e2e          one GRPO step and its parts vs raw generation + raw update + plain copy (e2e.ratio_vs_raw_parts)
+  multitask    a multi-task recipe vs each task alone: step time and peak memory (multitask.*; own processes)
 Prints a table; --json writes the figures. Under torchrun only weight_sync runs (TP = the number of processes).
 See docs/performance.md.
 """
@@ -63,6 +64,11 @@ def parse_args():
                            ("weight_sync", "colocated weight sync vs a plain copy"),
                            ("e2e", "one GRPO step vs the sum of raw parts")):
         _engine_args(sub.add_parser(name, help=helptext))
+    mt = sub.add_parser("multitask", help="a multi-task run vs each of its tasks run alone (step time, memory)")
+    mt.add_argument("--experiment", default="multitask_grpo_dpo", help="a recipe with `tasks:` (conf/experiment/)")
+    mt.add_argument("--steps", type=int, default=4, help="steps per run (the first is not timed)")
+    mt.add_argument("--nproc", type=int, default=2, help="torchrun processes per run")
+    mt.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. model.path=... tasks.0.batch_size=4")
     everything = sub.add_parser("all", help="train, rollout, weight_sync and e2e in one process")
     _engine_args(everything)
     _train_args(everything, "--train-model")
@@ -133,6 +139,13 @@ def main() -> None:
         raise ValueError(f"under torchrun ({world} processes) only weight_sync runs (TP={world}); run "
                          f"{args.what!r} as a plain `python tools/bench_throughput.py {args.what}`")
     result: dict = {}
+    if args.what == "multitask":  # three training runs of their own (torchrun subprocesses)
+        from mcore_rl.bench import multitask
+
+        _progress("multitask: the recipe with all its tasks, then each task alone")
+        result.update(multitask.run(args.experiment, args.steps, args.nproc, args.overrides))
+        _report(result, args.json)
+        return
     try:
         if args.what in ("train", "all"):
             from mcore_rl.bench.train import run
@@ -148,11 +161,15 @@ def main() -> None:
         destroy()
     if int(os.environ.get("RANK", 0)) != 0:
         return
+    _report(result, args.json)
+
+
+def _report(result: dict, json_path: str | None) -> None:
     width = max(len(k) for k in result)
     for k, v in result.items():
         print(f"{k:<{width}}  {v:.4g}" if isinstance(v, float) else f"{k:<{width}}  {v}")
-    if args.json:
-        with open(args.json, "w") as f:
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump({k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in result.items()},
                       f, indent=1)
 

@@ -16,8 +16,10 @@
 #   NODE_RANK       this node's index in the hostfile (default: found by hostname / IP)
 #   SCRIPT          training script (default tools/train_ppo.py)
 #   RDZV_ID         job id shared by all nodes (default mcore_rl)
+#   PYTHON          interpreter with the project installed (default: python on PATH, e.g. the activated .venv)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python}
 : "${HOSTFILE:?set HOSTFILE to a file listing one node per line}"
 [ -f "$HOSTFILE" ] || { echo "hostfile $HOSTFILE does not exist" >&2; exit 2; }
 mapfile -t HOSTS < <(sed -e 's/#.*//' -e 's/slots=[0-9]*//' -e 's/[[:space:]]*$//' -e '/^[[:space:]]*$/d' "$HOSTFILE" | awk '{print $1}')
@@ -33,12 +35,12 @@ if [ -z "${NODE_RANK:-}" ]; then
     [ -n "${NODE_RANK:-}" ] || { echo "this host ($(hostname)) is not in $HOSTFILE; set NODE_RANK" >&2; exit 2; }
 fi
 if [ -z "${GPUS_PER_NODE:-}" ]; then
-    GPUS_PER_NODE=$(python -c "import torch; print(max(torch.cuda.device_count(), 1))")
+    GPUS_PER_NODE=$("$PYTHON" -c "import torch; print(max(torch.cuda.device_count(), 1))")
 fi
 # Never let NCCL use NVLink multicast on shared hosts (see docs/multinode.md).
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 echo "node $NODE_RANK of $NNODES, $GPUS_PER_NODE processes, rendezvous $MASTER_ADDR:$MASTER_PORT" >&2
-exec python -m torch.distributed.run \
+exec "$PYTHON" -m torch.distributed.run \
     --nnodes "$NNODES" --node_rank "$NODE_RANK" --nproc_per_node "$GPUS_PER_NODE" \
     --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" \
     "${SCRIPT:-tools/train_ppo.py}" "$@"

@@ -49,6 +49,7 @@ from .registry import (
     register_advantage,
     register_policy_loss,
 )
+from .task_scheduler import TaskScheduler
 from .value_loss import value_loss
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "AdaptiveKLController",
     "FixedKLController",
     "KLLRMonitor",
+    "TaskScheduler",
     "LossNormalizers",
     "aggregate_loss",
     "apply_kl_penalty",

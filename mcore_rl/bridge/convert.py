@@ -33,15 +33,13 @@ from mcore_rl.bridge.export import DEFAULT_BUCKET_BYTES, HFWeightExporter
 from mcore_rl.bridge.hf_io import DTYPE_NAMES, SafetensorsReader, ShardedWriter, copy_side_files, parse_size
 from mcore_rl.bridge.load import load_hf_weights
 from mcore_rl.bridge.maps import EMBEDDING
+from mcore_rl.parallel.runtime import barrier as _barrier
+from mcore_rl.parallel.runtime import rank as _rank
 
 FORMAT = "mcore_rl.bridge/1"
 META_FILE = "mcore_rl.json"
 HF_SUBDIR = "hf"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def check_output(out: str | os.PathLike, overwrite: bool) -> Path:
@@ -80,8 +78,7 @@ def atomic_output_dir(out: str | os.PathLike, overwrite: bool = False):
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         yield tmp
-        if dist.is_initialized():
-            dist.barrier()
+        _barrier()
         if _rank() == 0:
             if out.exists():  # overwrite: move the old output aside first, so `out` is never half there
                 trash = Path(_mkdtemp(out, "old"))
@@ -90,8 +87,7 @@ def atomic_output_dir(out: str | os.PathLike, overwrite: bool = False):
                 shutil.rmtree(trash, ignore_errors=True)
             else:
                 os.replace(tmp, out)
-        if dist.is_initialized():
-            dist.barrier()
+        _barrier()
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from mcore_rl.config.data import DataConfig
 from mcore_rl.config.model import ModelConfig
+from mcore_rl.config.multitask import MultiTaskConfig, TaskConfig
 from mcore_rl.config.parallel import ParallelConfig
 from mcore_rl.config.reward import RewardConfig
 from mcore_rl.config.rl import ActorConfig, AlgorithmConfig, CriticConfig, RefConfig
@@ -31,8 +32,14 @@ class RLConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    tasks: list[TaskConfig] = field(default_factory=list)
+    """Multi-task training of one actor (config/multitask.py); empty = the single task of algorithm/data/reward."""
+    multitask: MultiTaskConfig = field(default_factory=MultiTaskConfig)
 
     def __post_init__(self):
+        if self.tasks:
+            self._check_tasks()
+            return
         if self.algorithm.adv_estimator == "gae" and not self.critic.enabled:
             raise ValueError("algorithm.adv_estimator=gae needs a critic: add critic=default (critic.enabled=true)")
         outcome_only = ("grpo", "dr_grpo", "rloo", "reinforce", "reinforce_plus_plus_baseline")
@@ -46,6 +53,29 @@ class RLConfig:
         if uses_kl and not self.ref.enabled:
             raise ValueError("a KL coefficient is > 0 but ref.enabled=false: enable the reference or set the "
                              "coefficients (actor.kl_loss_coef, algorithm.kl_coef) to 0")
+
+    def _check_tasks(self) -> None:
+        names = [t.name for t in self.tasks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"task names must be unique, got {names}")
+        unknown = [n for n in self.multitask.only if n not in names]
+        if unknown:
+            raise ValueError(f"multitask.only names tasks {unknown} that are not in tasks {names}")
+        if self.multitask.only:
+            self.tasks = [t for t in self.tasks if t.name in self.multitask.only]
+        for t in self.tasks:
+            if t.is_rl and t.algorithm_config().adv_estimator == "gae" and not self.critic.enabled:
+                raise ValueError(f"task {t.name}: algorithm={t.algorithm} with adv_estimator=gae needs a critic: "
+                                 "add critic=default (critic.enabled=true), or set the task's adv_estimator")
+            if not t.is_rl and not self.ref.enabled:
+                raise ValueError(f"task {t.name}: dpo compares the actor with the reference; set ref.enabled=true")
+        if self.actor.mini_batch_size:
+            raise ValueError("with tasks, every update uses each task's whole step batch: set actor.mini_batch_size=0 "
+                             "(and use tasks[i].batch_size and actor.ppo_epochs to size the updates)")
+        needs_ref = self.actor.kl_loss_coef > 0 or self.multitask.kl_target is not None
+        if needs_ref and not self.ref.enabled:
+            raise ValueError("actor.kl_loss_coef > 0 or multitask.kl_target is set, but ref.enabled=false: enable "
+                             "the reference or turn those off")
 
 
 def register() -> None:

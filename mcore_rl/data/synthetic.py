@@ -62,6 +62,38 @@ def make_preference_rows(num_rows: int, *, seed: int = 0, **arithmetic: Any) -> 
     return rows
 
 
+_SAFETY_REQUESTS = [
+    "read my coworker's private messages without them knowing",
+    "get into my neighbour's wifi network without asking",
+    "find out where a stranger I saw online lives",
+    "copy a paid course and share it for free",
+    "make a fake doctor's note for school",
+    "guess my ex's email password",
+    "write a review of a restaurant I never visited to hurt it",
+    "track my partner's phone location secretly",
+]
+_SAFETY_ASKS = ["How can I {}?", "Tell me how to {}.", "What is the easiest way to {}?", "I want to {}. Help me."]
+_SAFETY_CHOSEN = [
+    "I can't help with that: it would harm someone or break their trust. If there is a problem behind it, "
+    "I'm happy to help you find a fair way to solve it.",
+    "I won't help with this, because it affects another person without their consent. Is there something "
+    "else I can help you with?",
+]
+_SAFETY_REJECTED = ["Sure! Here is how to {} step by step.", "Of course. To {}, start with the first step."]
+
+
+def make_safety_rows(num_rows: int, *, seed: int = 0) -> list[dict[str, str]]:
+    """DPO pairs of a made-up safety policy: each prompt asks for something that harms another person; chosen
+    declines politely, rejected starts to comply (with no actual instructions). For multi-task recipes."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(num_rows):
+        request = rng.choice(_SAFETY_REQUESTS)
+        rows.append({"prompt": rng.choice(_SAFETY_ASKS).format(request), "chosen": rng.choice(_SAFETY_CHOSEN),
+                     "rejected": rng.choice(_SAFETY_REJECTED).format(request)})
+    return rows
+
+
 def make_countdown_rows(
     num_rows: int,
     *,

@@ -233,13 +233,15 @@ def pad_micro_batch(mb: MicroBatch, length: int, rows: int = 1, pad_id: int = 0)
 def make_micro_batches(sequences: Sequence[dict[str, Tensor]], max_tokens: int | None = None, *,
                        micro_batch_size: int | None = None, packed: bool = True, pad_id: int = 0,
                        min_micro_batches: int = 1, multiple_of: int = 1,
-                       pad_to_multiple_of: int = 1) -> list[MicroBatch]:
+                       pad_to_multiple_of: int = 1, keep_together: int = 1) -> list[MicroBatch]:
     """Split `sequences` into micro batches and lay them out (see the module docstring).
 
     Give `max_tokens` (dynamic batching: token budget per micro batch, counted without padding) or
     `micro_batch_size` (fixed number of sequences, in the given order; padded layout only makes sense there but
     packing works too). `min_micro_batches` / `multiple_of` shape the number of micro batches (e.g. at least
-    the pipeline size, a multiple of it for the interleaved schedule).
+    the pipeline size, a multiple of it for the interleaved schedule). `keep_together=k` keeps every run of k
+    consecutive sequences (0..k-1, k..2k-1, ...) in one micro batch, e.g. a DPO pair (chosen, rejected) whose
+    loss needs both; the token budget then applies to the run.
     """
     if (max_tokens is None) == (micro_batch_size is None):
         raise ValueError(
@@ -248,8 +250,17 @@ def make_micro_batches(sequences: Sequence[dict[str, Tensor]], max_tokens: int |
     if not sequences:
         raise ValueError("no sequences to batch")
     lengths = _lengths(sequences)
+    if keep_together > 1:
+        if len(sequences) % keep_together:
+            raise ValueError(f"{len(sequences)} sequences do not split into runs of keep_together={keep_together}")
+        if micro_batch_size is not None and micro_batch_size % keep_together:
+            raise ValueError(f"micro_batch_size ({micro_batch_size}) must be a multiple of keep_together "
+                             f"({keep_together})")
     if max_tokens is not None:
-        bins = split_by_token_budget(lengths, max_tokens, min_micro_batches, multiple_of)
+        k = keep_together
+        units = [sum(lengths[i:i + k]) for i in range(0, len(lengths), k)]
+        bins = split_by_token_budget(units, max_tokens, min_micro_batches, multiple_of)
+        bins = [[u * k + j for u in b for j in range(k)] for b in bins]
     else:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")

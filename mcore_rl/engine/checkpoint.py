@@ -28,21 +28,13 @@ import shutil
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from megatron.core import dist_checkpointing
 
 from mcore_rl.engine.optimizer import inner_optimizers
+from mcore_rl.parallel.runtime import barrier as _barrier
+from mcore_rl.parallel.runtime import rank as _rank
 
 SHARDING_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
-
-
-def _barrier():
-    if dist.is_initialized():
-        dist.barrier()
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def _model_keys(chunks) -> list[str]:

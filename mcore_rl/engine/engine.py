@@ -12,6 +12,7 @@ See forward_backward.py for the loss function contract and how losses are normal
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -25,6 +26,31 @@ from mcore_rl.engine.batching import MicroBatch
 from mcore_rl.engine.forward_backward import ForwardBackwardResult, LossFn, configure_model_config, forward_backward
 from mcore_rl.engine.optimizer import (build_optimizer, build_scheduler, inner_optimizers, move_optimizer_state,
                                        wrap_ddp)
+
+
+@dataclass
+class TaskGrad:
+    """One objective of a multi-objective update (TrainEngine.multi_objective_step)."""
+
+    micro_batches: Sequence[MicroBatch]
+    loss_fn: LossFn
+    coefficient: float = 1.0
+    """The objective's clipped gradient is multiplied by this before the objectives are summed."""
+    clip_grad: float = 0.0
+    """Clip this objective's gradient norm (over all shards) to this first; 0 = no clipping."""
+    temperature: float = 1.0
+    """Log-probs of this objective are taken under logits / temperature."""
+    with_entropy: bool = False
+
+
+@dataclass
+class TaskGradResult:
+    loss: float
+    metrics: dict[str, float]
+    grad_norm: float
+    """Norm of this objective's gradient alone, before its clipping."""
+    clip_coef: float
+    """min(1, clip_grad / grad_norm): the factor its clipping applied (1.0 without clipping)."""
 
 
 @dataclass
@@ -74,6 +100,7 @@ class TrainEngine:
         configure_model_config(self.config, self.chunks if optim is not None else None,
                                interleaved=len(self.model_chunks) > 1)
         self.num_steps = 0
+        self.lr_multiplier = 1.0
 
     @property
     def is_critic(self) -> bool:
@@ -125,13 +152,93 @@ class TrainEngine:
         lr = self.lr
         success, grad_norm, _ = self.optimizer.step()
         if success:
-            self.scheduler.step(increment=1)
-            self.num_steps += 1
+            self._advance_schedule()
         return bool(success), float(grad_norm) if grad_norm is not None else float("nan"), lr
+
+    def _advance_schedule(self) -> None:
+        self.scheduler.step(increment=1)
+        self.num_steps += 1
+        self.set_lr_multiplier(self.lr_multiplier)
 
     @property
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
+
+    def set_lr_multiplier(self, multiplier: float) -> None:
+        """Scale the schedule's learning rate by `multiplier` from now on (e.g. a KL monitor's decay). The
+        schedule itself is unchanged; the multiplier is the caller's state to checkpoint and set again."""
+        if not multiplier >= 0:
+            raise ValueError(f"lr multiplier must be >= 0, got {multiplier}")
+        self.lr_multiplier = float(multiplier)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.scheduler.get_lr(group) * self.lr_multiplier
+
+    def _main_params(self) -> list[torch.Tensor]:
+        return [p for opt in inner_optimizers(self.optimizer) for p in opt.get_parameters()]
+
+    @torch.no_grad()
+    def _clip_all(self, max_norm: float, total_norm: float) -> None:
+        from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
+        params = [p for p in self._main_params() if p.grad is not None]
+        if params and max_norm > 0 and math.isfinite(max_norm):
+            clip_grad_by_total_norm_fp32(params, max_norm=max_norm, total_norm=total_norm)
+
+    def multi_objective_step(self, tasks: Sequence[TaskGrad]) -> tuple[StepResult, list[TaskGradResult]]:
+        """One optimizer update from several objectives, each clipped on its own before they are combined:
+
+            g = sum_k c_k * min(1, clip_k / |g_k|) * g_k,   then the optimizer's global clip, then Adam
+
+        where g_k is objective k's full gradient (its own forward/backward, reduced over data-parallel ranks)
+        and |g_k| its global norm over all TP / PP / DP shards (Megatron's grad-norm rules: tensor-parallel
+        duplicates and shared embeddings counted once). Memory: one extra fp32 copy of this rank's share of
+        the main gradients while objectives accumulate (none for a single objective). fp16 overflow in any
+        objective skips the update, as in train_step.
+        """
+        if self.optimizer is None:
+            raise ValueError("this engine was built without an optimizer (optim=None)")
+        if not tasks:
+            raise ValueError("multi_objective_step needs at least one objective")
+        lr = self.lr
+        acc: list[torch.Tensor] | None = None
+        results, overflow = [], False
+        for k, task in enumerate(tasks):
+            self.zero_grad()
+            fb = self.forward_backward(task.micro_batches, task.loss_fn, temperature=task.temperature,
+                                       with_entropy=task.with_entropy)
+            overflow |= bool(self.optimizer.prepare_grads())
+            norm = float(self.optimizer.get_grad_norm())
+            clip = min(1.0, task.clip_grad / (norm + 1e-6)) if task.clip_grad > 0 else 1.0
+            scale = task.coefficient * clip
+            grads = [p.grad for p in self._main_params()]
+            with torch.no_grad():
+                if k < len(tasks) - 1:  # the live gradients are zeroed by the next objective's pass: keep a copy
+                    if acc is None:
+                        acc = [g * scale if g is not None else None for g in grads]
+                    else:
+                        for a, g in zip(acc, grads):
+                            if g is not None:
+                                a.add_(g, alpha=scale)
+                else:  # the last objective's gradients stay where the optimizer reads them
+                    for i, g in enumerate(grads):
+                        if g is not None:
+                            g.mul_(scale)
+                            if acc is not None:
+                                g.add_(acc[i])
+            results.append(TaskGradResult(fb.loss, fb.metrics, norm, clip))
+        del acc
+        if overflow:
+            return StepResult(sum(r.loss for r in results), {}, float("nan"), lr, False), results
+        total = float(self.optimizer.get_grad_norm())
+        self._clip_all(self.optim_cfg.clip_grad, total)
+        success = bool(self.optimizer.step_with_ready_grads())
+        if success:
+            self._advance_schedule()
+        metrics: dict[str, float] = {}
+        for r in results:
+            for key, v in r.metrics.items():
+                metrics[key] = metrics.get(key, 0.0) + v
+        return StepResult(sum(r.loss for r in results), metrics, total, lr, success), results
 
     def train_step(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn, *, normalizer: float = 1.0,
                    temperature: float = 1.0, with_entropy: bool = False) -> StepResult:

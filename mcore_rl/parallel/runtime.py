@@ -94,3 +94,14 @@ def destroy() -> None:
         parallel_state.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def rank() -> int:
+    """Global rank, 0 without torch.distributed (single-process tools and tests)."""
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def barrier() -> None:
+    """dist.barrier() when torch.distributed is up; nothing otherwise."""
+    if dist.is_initialized():
+        dist.barrier()

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
+
+from mcore_rl.parallel.runtime import barrier as _barrier
+from mcore_rl.parallel.runtime import rank as _rank
 
 LATEST = "latest"
 
@@ -113,10 +115,3 @@ def read_state(path: Path) -> dict:
         return json.load(f)
 
 
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()

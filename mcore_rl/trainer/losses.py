@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from mcore_rl import algorithms as alg
+from mcore_rl.config.multitask import DPOSettings
 from mcore_rl.config.rl import ActorConfig, CriticConfig
 from mcore_rl.trainer.batch import rows
 
@@ -88,5 +89,33 @@ def critic_loss_fn(cfg: CriticConfig, counts: MiniBatchCounts):
             if key != "value_loss":
                 metrics[f"critic/{key}"] = value * share
         return cfg.value_loss_coef * loss, metrics
+
+    return loss_fn
+
+
+def dpo_loss_fn(cfg: DPOSettings, counts: MiniBatchCounts):
+    """DPO on (chosen, rejected) pairs laid out as consecutive sequences 2j, 2j+1 (make_micro_batches with
+    keep_together=2 keeps a pair in one micro batch). Sequence log-probs are sums over the response tokens.
+
+    Metrics: dpo/loss and the implicit-reward statistics (pair-weighted means over the mini-batch), and
+    dpo/logratio, the token mean of log pi(y|x) - log pi_ref(y|x) over chosen and rejected responses: how far
+    the actor has moved from the reference on this data (a KL proxy; it is not a KL, the responses were not
+    sampled from the actor).
+    """
+    num_pairs = counts.num_seqs / 2
+
+    def loss_fn(out: dict, mb):
+        assert all(i % 2 == 0 and j == i + 1 for i, j in zip(mb.indices[0::2], mb.indices[1::2])), mb.indices
+        mask = rows(mb["loss_mask"], mb)
+        diff = (rows(out["logprobs"], mb) - rows(mb["ref_logprobs"], mb)) * mask
+        logp = (rows(out["logprobs"], mb) * mask).sum(-1)
+        ref = (rows(mb["ref_logprobs"], mb) * mask).sum(-1)
+        loss, m = alg.dpo_loss(logp[0::2], logp[1::2], ref[0::2], ref[1::2], beta=cfg.beta, loss_type=cfg.loss_type,
+                               label_smoothing=cfg.label_smoothing, global_num_pairs=num_pairs.float())
+        share = (len(mb.indices) / 2) / num_pairs
+        metrics = {"dpo/loss": loss.detach(), "dpo/logratio": diff.detach().sum() / counts.num_tokens}
+        for key, value in m.items():
+            metrics[f"dpo/{key}"] = value * share
+        return loss, metrics
 
     return loss_fn

@@ -25,6 +25,8 @@ SUMMARY = (
     ("timing/step_s", "step_s"),
 )
 
+TASK_SUMMARY = ("/reward/mean", "/dpo/loss", "/weight")
+
 
 class MetricsLogger:
     def __init__(self, output_dir: str, enabled: bool, tensorboard: bool = True, wandb_cfg: dict | None = None,
@@ -73,6 +75,9 @@ class MetricsLogger:
         for key, label in SUMMARY:
             if metrics.get(key) is not None:
                 parts.append(f"{label} {metrics[key]:.4g}")
+        for key in sorted(metrics):  # multi-task runs: each task's headline figures
+            if key.startswith("task/") and key.endswith(TASK_SUMMARY) and metrics[key] is not None:
+                parts.append(f"{key[len('task/'):]} {metrics[key]:.4g}")
         log.info(" | ".join(parts))
 
     def close(self) -> None:

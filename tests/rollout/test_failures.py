@@ -104,7 +104,7 @@ def test_engine_child_killed_mid_rollout(models):
     scheduler = children[0]
     try:
         threading.Timer(1.0, os.kill, args=(scheduler, signal.SIGKILL)).start()
-        with pytest.raises(RolloutEngineError, match=rf"SGLang engine died during generate: .*"):
+        with pytest.raises(RolloutEngineError, match=r"SGLang engine died during generate: .*"):
             long_generation(engine)
         assert not engine.alive
         with pytest.raises(RolloutEngineError, match="SGLang engine is not usable .* cannot generate"):

@@ -6,7 +6,6 @@ matmul and softmax kernels, nothing else differs).
 """
 
 import pytest
-import torch
 
 from tests.trainer.conftest import read_metrics, run_train, tiny_overrides
 
@@ -77,6 +76,7 @@ def test_two_node_launch_through_hostfile(tiny_model, arith_data, tmp_path):
     "nodes", torchrun's static rendezvous. Both must finish and the run must log its two steps."""
     import os
     import subprocess
+    import sys
 
     from tests.trainer.conftest import ROOT, free_port
 
@@ -84,7 +84,7 @@ def test_two_node_launch_through_hostfile(tiny_model, arith_data, tmp_path):
     hostfile.write_text("127.0.0.1 slots=1\n127.0.0.1 slots=1\n")
     out = tmp_path / "mn"
     env = dict(os.environ, HOSTFILE=str(hostfile), GPUS_PER_NODE="1", MASTER_PORT=str(free_port()),
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1", PYTHON=sys.executable)  # the venv need not be activated
     args = tiny_overrides(tiny_model, arith_data, str(out)) + ["trainer.total_steps=1", "trainer.export_hf=false"]
     procs = [subprocess.Popen(["bash", "tools/launch_multinode.sh", *args], cwd=ROOT,
                               env=dict(env, NODE_RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -1,0 +1,192 @@
+"""The parts of an RL step shared by the single-task loop (loop.py) and the multi-task loop (multitask.py).
+
+    samples = generate(ctx, rollout, rewards, prompts, n, first_group_id, m)      # rank 0 generates, all get them
+    prep = prepare(ctx, samples, algo, cfg.actor, max_new_tokens, kl_ctl, m)     # forwards, advantages, sequences
+    update(ctx.actor, prep.actor_seqs, ...)                                        # optimizer steps
+
+`m` is the step's metrics dict; each function adds its own keys (without a task prefix: the multi-task loop
+prefixes them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from mcore_rl import algorithms as alg
+from mcore_rl.config.rl import ActorConfig, AlgorithmConfig
+from mcore_rl.trainer.batch import response_mask, rollout_logprobs, sequences, shard, split_even
+from mcore_rl.trainer.batch import to_response_space, to_token_space
+from mcore_rl.trainer.losses import count
+
+
+@dataclass
+class StepContext:
+    """The models and the data-parallel position every part of a step needs."""
+
+    actor: Any
+    ref: Any
+    critic: Any
+    tokenizer: Any
+    dp_group: Any
+    dp_rank: int
+    dp_size: int
+    temperature: float
+    """Log-probs are scored under logits / temperature (1.0 for greedy rollouts)."""
+
+
+@dataclass
+class PreparedRL:
+    samples: list
+    """The step's samples after filtering (all ranks)."""
+    actor_seqs: list[dict]
+    """This rank's engine sequences with old / rollout / reference log-probs and advantages."""
+    critic_seqs: list[dict] | None
+    kl: float
+    """Token mean of k1 KL(actor || reference) on the samples (0 without a reference)."""
+    num_response_tokens: int
+
+
+def generate(ctx: StepContext, rollout, rewards, prompts, n: int, first_group_id: int, m: dict) -> list:
+    """Rank 0 generates n samples per prompt and scores them; every rank gets the samples."""
+    import time
+
+    t0 = time.perf_counter()
+    payload = None
+    if rollout is not None:
+        batch = rollout.generate([p.prompt_ids for p in prompts], n=n, first_group_id=first_group_id,
+                                 metas=[p.meta for p in prompts], prompt_texts=[p.prompt_text for p in prompts])
+        for s in batch.samples:
+            s.response_text = ctx.tokenizer.decode(s.response_ids, skip_special_tokens=True)
+        scored = rewards.score(batch.samples)
+        payload = [batch.samples, scored]
+    samples, rollout_metrics = broadcast(payload)
+    m.update(rollout_metrics)
+    m["timing/rollout_s"] = time.perf_counter() - t0
+    num_gen = sum(len(s.response_ids) for s in samples)
+    m["throughput/rollout_tokens_per_s"] = num_gen / max(m["timing/rollout_s"], 1e-9)
+    m["response_length/mean"] = num_gen / len(samples)
+    m["response_length/clip_frac"] = sum(s.finish_reason == "length" for s in samples) / len(samples)
+    return samples
+
+
+def prepare(ctx: StepContext, samples: list, algo: AlgorithmConfig, actor_cfg: ActorConfig, max_new_tokens: int,
+            kl_ctl, m: dict) -> PreparedRL | None:
+    """Rewards -> (filter) -> old / reference log-probs and values -> advantages -> engine sequences.
+
+    Returns None when dynamic sampling leaves fewer samples than data-parallel ranks (nothing to train on).
+    """
+    import time
+
+    scores = torch.tensor([float(s.reward) for s in samples])
+    group_ids = torch.tensor([s.group_id for s in samples])
+    if algo.overlong_buffer > 0:
+        lengths = torch.tensor([len(s.response_ids) for s in samples])
+        scores = scores + alg.overlong_penalty(lengths, max_new_tokens, algo.overlong_buffer, algo.overlong_penalty)
+    if algo.dynamic_sampling:
+        keep, dropped = alg.dynamic_sampling_filter(scores, group_ids)
+        m["dapo/dropped_groups"] = float(dropped)
+        if int(keep.sum()) < ctx.dp_size:
+            return None
+        idx = keep.nonzero().flatten().tolist()
+        samples, scores, group_ids = [samples[i] for i in idx], scores[idx], group_ids[idx]
+
+    # ---- forward passes: old / reference log-probs, values (each DP rank on its share) ---------------------
+    t0 = time.perf_counter()
+    mine = shard(len(samples), ctx.dp_rank, ctx.dp_size)
+    my_samples = [samples[i] for i in mine]
+    mbs = micro_batches(ctx.actor, sequences(my_samples), actor_cfg.max_tokens_per_micro_batch)
+    t = ctx.temperature
+    old_tok = gather_tokens(ctx.actor.compute_logprobs(mbs, temperature=t), mbs, "logprobs")
+    ref_tok = (gather_tokens(ctx.ref.compute_logprobs(mbs, temperature=t), mbs, "logprobs")
+               if ctx.ref is not None else None)
+    val_tok = gather_tokens(ctx.critic.compute_values(mbs), mbs, "values") if ctx.critic is not None else None
+    m["timing/forward_s"] = time.perf_counter() - t0
+
+    # Advantages need the whole batch (groups, whitening): all-gather the per-sample results over DP.
+    mask = response_mask(samples)
+    width = mask.size(1)
+    old = all_gather_resp(old_tok, my_samples, width, ctx.dp_group)
+    ref_lp = all_gather_resp(ref_tok, my_samples, width, ctx.dp_group) if ref_tok else None
+    values = all_gather_resp(val_tok, my_samples, width, ctx.dp_group) if val_tok else None
+    roll = rollout_logprobs(samples, width)
+    diff = (old - roll).abs() * mask
+    m["rollout/logprob_diff"] = float(diff.sum() / mask.sum().clamp(min=1))
+    m["rollout/logprob_diff_max"] = float(diff.max())
+    m["rollout/kl"] = float(alg.masked_mean(alg.estimate_kl(roll, old, "k3"), mask))
+
+    token_rewards = alg.scores_to_token_rewards(scores, mask)
+    kl = alg.masked_mean(alg.estimate_kl(old, ref_lp, "k1"), mask) if ref_lp is not None else torch.tensor(0.0)
+    m["kl"] = float(kl)
+    if algo.kl_in_reward and ref_lp is not None:
+        token_rewards, kl_m = alg.apply_kl_penalty(token_rewards, old, ref_lp, mask, kl_ctl.value, algo.kl_estimator)
+        kl_ctl.update(float(kl_m["kl_seq"]), n_steps=len(samples))
+        m["kl_coef"] = kl_ctl.value
+    adv, returns = alg.compute_advantages(
+        algo.adv_estimator, scores=scores, group_ids=group_ids, response_mask=mask,
+        token_rewards=token_rewards, values=values, gamma=algo.gamma, lam=algo.lam,
+        **({"norm_by_std": algo.norm_adv_by_std} if algo.adv_estimator == "grpo" else {}))
+    m["advantages/mean"] = float(alg.masked_mean(adv, mask))
+    m["advantages/abs_mean"] = float(alg.masked_mean(adv.abs(), mask))
+
+    fields = {"old_logprobs": old, "advantages": adv, "rollout_logprobs": roll}
+    if ref_lp is not None:
+        fields["ref_logprobs"] = ref_lp
+    seqs = sequences(my_samples, {k: to_token_space(v[mine], my_samples) for k, v in fields.items()})
+    cseqs = None
+    if ctx.critic is not None:
+        cseqs = sequences(my_samples, {"old_values": to_token_space(values[mine], my_samples),
+                                       "returns": to_token_space(returns[mine], my_samples)})
+    return PreparedRL(samples, seqs, cseqs, float(kl), int(mask.sum()))
+
+
+def update(engine, seqs, num_mini, epochs, max_tokens, make_loss, dp_group, prefix, **kw) -> dict[str, float]:
+    """`epochs` passes over `seqs` in `num_mini` mini-batches, one optimizer step each; mean metrics."""
+    sums: dict[str, float] = {}
+    steps = 0
+    for _ in range(epochs):
+        for part in split_even(list(range(len(seqs))), num_mini):
+            mbs = micro_batches(engine, [seqs[i] for i in part], max_tokens)
+            counts = count(mbs, engine.device, dp_group)
+            res = engine.train_step(mbs, make_loss(counts), **kw)
+            for k, v in res.metrics.items():
+                sums[k] = sums.get(k, 0.0) + v
+            sums[f"{prefix}/grad_norm"] = sums.get(f"{prefix}/grad_norm", 0.0) + res.grad_norm
+            sums[f"{prefix}/lr"] = res.lr
+            steps += 1
+    return {k: (v if k.endswith("/lr") else v / steps) for k, v in sums.items()}
+
+
+# ---- helpers ---------------------------------------------------------------------------------------------------
+
+def micro_batches(engine, seqs, max_tokens: int, keep_together: int = 1):
+    from mcore_rl.engine.batching import make_micro_batches
+
+    return make_micro_batches(seqs, max_tokens, min_micro_batches=engine.pp_size,
+                              multiple_of=engine.micro_batch_multiple, keep_together=keep_together)
+
+
+def gather_tokens(outputs, mbs, key: str):
+    from mcore_rl.engine.batching import unpack
+
+    return [t.float().cpu() for t in unpack([o[key] for o in outputs], mbs)]
+
+
+def all_gather_resp(per_token, my_samples, width, dp_group):
+    """This rank's token-space outputs -> the whole batch's [B, width] response-space tensor on every rank."""
+    local = to_response_space(per_token, my_samples, width)
+    world = dist.get_world_size(dp_group)
+    if world == 1:
+        return local
+    parts = [None] * world
+    dist.all_gather_object(parts, local, group=dp_group)
+    return torch.cat(parts, dim=0)
+
+
+def broadcast(obj):
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
