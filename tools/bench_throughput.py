@@ -32,7 +32,7 @@ ENGINE_BENCHES = ("rollout", "weight_sync", "e2e")
 
 
 def _train_args(p, model_flag: str) -> None:
-    p.add_argument(model_flag, dest="train_model", default="qwen2.5-0.5b", help="qwen2.5-0.5b | qwen2.5-1.5b | tiny")
+    p.add_argument(model_flag, dest="train_model", default="qwen2.5-0.5b", help="qwen2.5-0.5b | qwen2.5-1.5b | tiny (`all --train-model none` skips train)")
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--tokens", type=int, default=16384, help="tokens per step")
     p.add_argument("--iters", type=int, default=6)
@@ -53,6 +53,8 @@ def _engine_args(p) -> None:
     p.add_argument("--max-tokens-per-micro-batch", type=int, default=4096)
     p.add_argument("--no-ref", action="store_true", help="e2e without the reference model's forward")
     p.add_argument("--max-total-tokens", type=int, default=32768, help="SGLang KV cache tokens on CPU")
+    p.add_argument("--mem-fraction-static", type=float, default=None,
+                   help="SGLang's share of GPU memory (default 0.35; lower it for larger models colocated)")
 
 
 def parse_args():
@@ -80,6 +82,13 @@ def _progress(what: str) -> None:
         print(f"[bench_throughput] {what}", file=sys.stderr, flush=True)
 
 
+def _save_partial(result: dict, json_path: str | None) -> None:
+    """Write the figures so far to `json_path`.partial (rank 0), so a later sub-benchmark's failure keeps them."""
+    if json_path and int(os.environ.get("RANK", 0)) == 0:
+        with open(json_path + ".partial", "w") as f:
+            json.dump(result, f, indent=1)
+
+
 def run_engine_benches(args, names, world: int) -> dict:
     import torch.distributed as dist
 
@@ -100,7 +109,8 @@ def run_engine_benches(args, names, world: int) -> dict:
     initialize(parallel, hf)
     result: dict = {"hf_model": args.model}
     _progress("starting the SGLang engine")
-    engine = common.start_engine(path, args.max_total_tokens) if dist.get_rank() == 0 else None
+    overrides = {} if args.mem_fraction_static is None else {"mem_fraction_static": args.mem_fraction_static}
+    engine = common.start_engine(path, args.max_total_tokens, **overrides) if dist.get_rank() == 0 else None
     try:
         prompts = common.random_prompts(args.prompts, args.prompt_len, hf["vocab_size"])
         if "rollout" in names:
@@ -108,6 +118,7 @@ def run_engine_benches(args, names, world: int) -> dict:
             from mcore_rl.bench import rollout
 
             result.update(rollout.run(engine, prompts, args.n, args.max_new_tokens, args.repeats, args.warmup))
+            _save_partial(result, args.json)
         actor = common.load_actor(path, hf, parallel) if {"weight_sync", "e2e"} & set(names) else None
         if "weight_sync" in names:
             _progress("weight_sync")
@@ -115,6 +126,7 @@ def run_engine_benches(args, names, world: int) -> dict:
 
             result.update(weight_sync.run(engine, actor.model_chunks, hf, args.bucket_mb << 20, args.repeats,
                                           args.warmup))
+            _save_partial(result, args.json)
         if "e2e" in names:
             _progress("e2e")
             from mcore_rl.bench import e2e
@@ -122,6 +134,8 @@ def run_engine_benches(args, names, world: int) -> dict:
             ref = None if args.no_ref else common.load_actor(path, hf, parallel, with_optimizer=False)
             result.update(e2e.run(engine, actor, ref, hf, prompts, args.n, args.max_new_tokens, args.bucket_mb << 20,
                                   args.max_tokens_per_micro_batch, args.repeats, args.warmup))
+        if args.json and os.path.exists(args.json + ".partial"):  # complete: main writes args.json
+            os.remove(args.json + ".partial")
     finally:
         if engine is not None:
             engine.shutdown()
@@ -147,7 +161,7 @@ def main() -> None:
         _report(result, args.json)
         return
     try:
-        if args.what in ("train", "all"):
+        if args.what == "train" or (args.what == "all" and args.train_model != "none"):
             from mcore_rl.bench.train import run
 
             _progress("train")

@@ -1,6 +1,7 @@
-"""Bar chart of a bench_throughput.py --json result: each part against the raw library in the same run.
+"""Bar chart of bench_throughput.py --json results: each part against the raw library in the same run, one row of
+panels per result file.
 
-    python tools/plot_bench.py docs/perf_h200_all.json --out docs/perf_h200.png
+    python tools/plot_bench.py docs/perf_h200_0.5b.json docs/perf_h200_1.5b.json --out docs/perf_h200.png
 """
 
 import argparse
@@ -21,19 +22,32 @@ PAIRS = [  # (label, ours, raw, unit, higher is better)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("result")
+    ap.add_argument("results", nargs="+")
     ap.add_argument("--out", required=True)
     ap.add_argument("--title", default=None)
     args = ap.parse_args()
-    r = json.load(open(args.result))
-    pairs = [p for p in PAIRS if p[1] in r and p[2] in r]
-    fig, axes = plt.subplots(1, len(pairs), figsize=(3.2 * len(pairs), 3.2), squeeze=False)
-    for ax, (label, ours, raw, unit, _) in zip(axes[0], pairs):
-        ax.bar(["mcore-rl", "raw"], [r[ours], r[raw]], color=["tab:blue", "tab:gray"])
-        ax.set_title(f"{label}\nratio {r[raw] / r[ours] if 's' == unit else r[ours] / r[raw]:.2f}", fontsize=9)
-        ax.set_ylabel(unit)
-    fig.suptitle(args.title or args.result, fontsize=10)
-    fig.tight_layout()
+    rows = []
+    for path in args.results:
+        with open(path) as f:
+            r = json.load(f)
+        rows.append((path, r, [p for p in PAIRS if r.get(p[1]) is not None and r.get(p[2]) is not None]))
+    width = max(len(pairs) for _, _, pairs in rows)
+    fig = plt.figure(figsize=(3.2 * width, 3.6 * len(rows)), layout="constrained")
+    subfigs = fig.subfigures(len(rows), 1, squeeze=False)[:, 0]
+    for sub, (path, r, pairs) in zip(subfigs, rows):
+        axes = sub.subplots(1, width, squeeze=False)[0]
+        for col, ax in enumerate(axes):
+            if col >= len(pairs):
+                ax.axis("off")
+                continue
+            label, ours, raw, unit, _ = pairs[col]
+            ax.bar(["mcore-rl", "raw"], [r[ours], r[raw]], color=["tab:blue", "tab:gray"])
+            ratio = r[raw] / r[ours] if unit == "s" else r[ours] / r[raw]
+            ax.set_title(f"{label}\nratio {ratio:.2f}", fontsize=9)
+            ax.set_ylabel(unit)
+        sub.suptitle(r.get("title") or path, fontsize=10, fontweight="bold")
+    if args.title:
+        fig.suptitle(args.title, fontsize=11)
     fig.savefig(args.out, dpi=110)
     print(f"wrote {args.out}")
 

@@ -111,7 +111,8 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
     def raw_parts() -> dict[str, float]:
         gen, _ = timed(lambda: raw.generate(input_ids=raw_ids, sampling_params=raw_params, return_logprob=True))
         ids = step.last_ids.to(raw_train.device)  # same token ids as our last update
-        upd, _ = timed(lambda: raw_train.step(ids))
+        # micro batches of at most the token budget our update packs into one micro batch
+        upd, _ = timed(lambda: raw_train.step(ids, max(1, max_tokens_per_micro_batch // ids.size(1))))
         cp, _ = timed(copy)
         return {"rollout": gen, "update": upd, "sync": cp}
 

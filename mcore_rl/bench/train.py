@@ -79,14 +79,17 @@ class RawMegatron:
         self.opt = get_megatron_optimizer(ocfg, self.ddp)
         self.device = next(chunks[0].parameters()).device
 
-    def step(self, ids: torch.Tensor) -> None:
-        """One update on ids [b, s] (next-token labels)."""
-        pos = torch.arange(ids.size(1), device=ids.device).expand_as(ids)
-        labels = torch.roll(ids, -1, dims=1)
+    def step(self, ids: torch.Tensor, micro_batch_rows: int | None = None) -> None:
+        """One update on ids [b, s] (next-token labels), in micro batches of `micro_batch_rows` rows (gradients
+        accumulate; default: one micro batch)."""
+        rows = ids.size(0) if micro_batch_rows is None else max(1, micro_batch_rows)
         self.ddp[0].zero_grad_buffer()
         self.opt.zero_grad()
-        loss = self.ddp[0](ids, pos, None, labels=labels).float().mean()
-        loss.backward()
+        for chunk in ids.split(rows):
+            pos = torch.arange(chunk.size(1), device=chunk.device).expand_as(chunk)
+            labels = torch.roll(chunk, -1, dims=1)
+            loss = self.ddp[0](chunk, pos, None, labels=labels).float().sum() / ids.numel()
+            loss.backward()
         self.ddp[0].finish_grad_sync()
         self.opt.step()
 
