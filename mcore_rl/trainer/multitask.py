@@ -153,7 +153,6 @@ class MultiTaskTrainer:
         t_step = time.perf_counter()
         m: dict[str, float] = {}
         active = self.scheduler.next_tasks()
-        coefs = self.scheduler.coefficients(active)
         batches: dict[int, TaskBatch] = {}
         for i in active:
             task = self.tasks[i]
@@ -174,10 +173,7 @@ class MultiTaskTrainer:
         # ---- one update from every active task's batch (per-task clip, weights), actor.ppo_epochs times -------
         t0 = time.perf_counter()
         order = list(batches)
-        coef = dict(zip(active, coefs))
-        if len(order) < len(active):  # a task dropped out: renormalise the others' share
-            total = sum(coef[i] for i in order)
-            coef = {i: (coef[i] / total if cfg.multitask.combine == "weighted_sum" else coef[i]) for i in order}
+        coef = dict(zip(order, self.scheduler.coefficients(order)))  # a task that dropped out shares nothing
         grads = [self._task_grad(batches[i], coef[i], self.tasks[i].cfg.clip_grad) for i in order]
         sums: dict[str, float] = {}
         for epoch in range(cfg.actor.ppo_epochs):
@@ -260,12 +256,11 @@ class MultiTaskTrainer:
                 mask[len(it.prompt_ids):] = 1.0
                 seqs.append({"input_ids": ids, "loss_mask": mask})
         budget = cfg.actor.max_tokens_per_micro_batch
-        if seqs:
-            mbs = rl.micro_batches(self.actor, seqs, budget, keep_together=2)
-            ref = rl.gather_tokens(self.ref.compute_logprobs(mbs), mbs, "logprobs")
-            for seq, r in zip(seqs, ref):
-                seq["ref_logprobs"] = r
         mbs = rl.micro_batches(self.actor, seqs, budget, keep_together=2)
+        ref = rl.gather_tokens(self.ref.compute_logprobs(mbs), mbs, "logprobs")
+        for seq, r in zip(seqs, ref):
+            seq["ref_logprobs"] = r
+        mbs = rl.micro_batches(self.actor, seqs, budget, keep_together=2)  # again, now with the ref field
         counts = count(mbs, self.actor.device, ctx.dp_group)
         tokens = int(counts.num_tokens)
         metrics = {"response_length/mean": float(counts.num_tokens / counts.num_seqs)}

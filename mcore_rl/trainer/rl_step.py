@@ -10,6 +10,7 @@ prefixes them).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,8 +53,6 @@ class PreparedRL:
 
 def generate(ctx: StepContext, rollout, rewards, prompts, n: int, first_group_id: int, m: dict) -> list:
     """Rank 0 generates n samples per prompt and scores them; every rank gets the samples."""
-    import time
-
     t0 = time.perf_counter()
     payload = None
     if rollout is not None:
@@ -79,8 +78,6 @@ def prepare(ctx: StepContext, samples: list, algo: AlgorithmConfig, actor_cfg: A
 
     Returns None when dynamic sampling leaves fewer samples than data-parallel ranks (nothing to train on).
     """
-    import time
-
     scores = torch.tensor([float(s.reward) for s in samples])
     group_ids = torch.tensor([s.group_id for s in samples])
     if algo.overlong_buffer > 0:
