@@ -2,6 +2,11 @@
 epoch, a synthetic reward): rollout (RolloutEngine.generate) -> old log-probs (actor forward) -> reference
 log-probs (optional) -> GRPO advantages -> actor update (PPO clip + k3 KL loss) -> colocated weight sync.
 
+`old_logprobs` follows the trainer's actor.old_logprobs (trainer/rl_step.py old_logprob_source): this step is
+one optimizer update from the whole batch, so `auto` skips the old log-prob forward and the loss takes the
+update's own log-probs, detached, as log pi_old (`e2e.old_logprobs_s` = 0); `recompute` runs it.
+`e2e.old_logprobs_mode` says which ran (skip | recompute).
+
 Against the sum of raw parts measured in the same run, interleaved: raw sglang.Engine.generate of the same
 prompts and token count, a raw Megatron-Core update of the same token ids (bench.train.RawMegatron), and a plain
 copy of the synced weight bytes. The raw parts have no old / reference forward, so the ratio charges those passes
@@ -16,12 +21,13 @@ import torch
 from mcore_rl.bench.common import median, raw_sglang, timed
 
 
-def _pg_kl_loss(num_tokens: float, with_ref: bool, kl_coef: float = 0.001):
+def _pg_kl_loss(num_tokens: float, with_ref: bool, on_policy: bool, kl_coef: float = 0.001):
     from mcore_rl import algorithms as alg
 
     def loss_fn(out, mb):
         mask = mb["loss_mask"]
-        loss, _ = alg.compute_policy_loss("ppo", logprobs=out["logprobs"], old_logprobs=mb["old_logprobs"],
+        old = out["logprobs"].detach() if on_policy else mb["old_logprobs"]
+        loss, _ = alg.compute_policy_loss("ppo", logprobs=out["logprobs"], old_logprobs=old,
                                           advantages=mb["advantages"], response_mask=mask,
                                           global_num_tokens=num_tokens)
         if with_ref:
@@ -36,10 +42,14 @@ def _pg_kl_loss(num_tokens: float, with_ref: bool, kl_coef: float = 0.001):
 class GRPOStep:
     """Our step, its parts timed separately (seconds in `last`)."""
 
-    def __init__(self, engine, actor, ref, hf: dict, bucket_bytes: int, max_tokens_per_micro_batch: int):
+    def __init__(self, engine, actor, ref, hf: dict, bucket_bytes: int, max_tokens_per_micro_batch: int,
+                 old_logprobs: str = "auto"):
         from mcore_rl.bridge import HFWeightExporter
 
+        if old_logprobs not in ("auto", "recompute"):
+            raise ValueError(f"old_logprobs must be auto or recompute, got {old_logprobs!r}")
         self.engine, self.actor, self.ref = engine, actor, ref
+        self.recompute = old_logprobs == "recompute"  # auto: one update from the whole batch, so skip
         self.exporter = HFWeightExporter(actor.model_chunks, hf, bucket_bytes=bucket_bytes, destination=0)
         self.max_tokens = max_tokens_per_micro_batch
         self.last: dict[str, float] = {}
@@ -63,7 +73,7 @@ class GRPOStep:
         def logprobs(engine):
             return unpack([o["logprobs"].float() for o in engine.compute_logprobs(mbs)], mbs)
 
-        t["old_logprobs"], old = timed(lambda: logprobs(self.actor))
+        t["old_logprobs"], old = timed(lambda: logprobs(self.actor)) if self.recompute else (0.0, None)
         if self.ref is not None:
             t["ref_logprobs"], ref = timed(lambda: logprobs(self.ref))
 
@@ -76,13 +86,14 @@ class GRPOStep:
             rmask = torch.tensor([[float(j < len(s.response_ids)) for j in range(width)] for s in samples])
             adv, _ = alg.compute_advantages("grpo", scores=scores, group_ids=group_ids, response_mask=rmask)
             for i, seq in enumerate(seqs):
-                seq["old_logprobs"] = old[i].cpu()
+                if old is not None:
+                    seq["old_logprobs"] = old[i].cpu()
                 seq["advantages"] = seq["loss_mask"] * adv[i, 0]
                 if self.ref is not None:
                     seq["ref_logprobs"] = ref[i].cpu()
             train_mbs = make_micro_batches(seqs, self.max_tokens)
             num_tokens = float(sum(seq["loss_mask"].sum() for seq in seqs))
-            self.actor.train_step(train_mbs, _pg_kl_loss(num_tokens, self.ref is not None))
+            self.actor.train_step(train_mbs, _pg_kl_loss(num_tokens, self.ref is not None, not self.recompute))
 
         t["update"], _ = timed(update)
         t["sync"], nbytes = timed(lambda: sync_once(self.engine, self.exporter))
@@ -93,7 +104,8 @@ class GRPOStep:
 
 
 def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_tokens: int, bucket_bytes: int,
-        max_tokens_per_micro_batch: int = 4096, repeats: int = 2, warmup: int = 1) -> dict:
+        max_tokens_per_micro_batch: int = 4096, repeats: int = 2, warmup: int = 1,
+        old_logprobs: str = "auto") -> dict:
     from mcore_rl.bench.common import model_dtype
     from mcore_rl.bench.train import RawMegatron
     from mcore_rl.bench.weight_sync import PlainCopy
@@ -101,7 +113,7 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
     from mcore_rl.config.parallel import ParallelConfig
 
     sampling = engine.default_sampling(temperature=1.0, max_new_tokens=max_new_tokens, ignore_eos=True)
-    step = GRPOStep(engine, actor, ref, hf, bucket_bytes, max_tokens_per_micro_batch)
+    step = GRPOStep(engine, actor, ref, hf, bucket_bytes, max_tokens_per_micro_batch, old_logprobs)
     raw = raw_sglang(engine)
     raw_ids = [list(p) for p in prompts for _ in range(n)]
     raw_params = sampling.to_sglang()
@@ -128,7 +140,8 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
         theirs.append(r)
         raw_totals.append(sum(r.values()))
     out = {"e2e.num_samples": len(raw_ids), "e2e.new_tokens": tokens, "e2e.train_tokens": int(step.last_ids.numel()),
-           "e2e.step_s": median(totals), "e2e.raw_parts_s": median(raw_totals)}
+           "e2e.step_s": median(totals), "e2e.raw_parts_s": median(raw_totals),
+           "e2e.old_logprobs_mode": "recompute" if step.recompute else "skip"}
     out["e2e.ratio_vs_raw_parts"] = out["e2e.raw_parts_s"] / out["e2e.step_s"]
     for part in ours[0]:
         out[f"e2e.{part}_s"] = median([o[part] for o in ours])

@@ -96,7 +96,7 @@ class RawMegatron:
 
 def run(model: str = "qwen2.5-0.5b", seq_len: int = 2048, tokens_per_step: int = 16384, iters: int = 6,
         warmup: int = 2, dtype: str = "bf16", peak_tflops: float = 772.0, variable: bool = True,
-        recompute: str = "none") -> dict:
+        recompute: str = "none", fast_optimizer: str = "auto", fused_swiglu: str = "auto") -> dict:
     """Benchmark in this process (parallel state must be initialised with TP=PP=DP=1)."""
     from mcore_rl.config.model import ModelConfig
     from mcore_rl.config.optim import OptimConfig
@@ -105,13 +105,14 @@ def run(model: str = "qwen2.5-0.5b", seq_len: int = 2048, tokens_per_step: int =
     from mcore_rl.engine.batching import make_micro_batches
 
     hf = MODELS[model]
-    model_cfg = ModelConfig(dtype=dtype, attention="sdpa", max_seq_len=seq_len, recompute=recompute)
+    model_cfg = ModelConfig(dtype=dtype, attention="sdpa", max_seq_len=seq_len, recompute=recompute,
+                            fused_swiglu=fused_swiglu)
     parallel = ParallelConfig()
     n_seq = tokens_per_step // seq_len
     fixed = _seqs([seq_len] * n_seq, hf["vocab_size"], 0)
 
     # ---- ours: TrainEngine, packed micro batches (one micro batch of the step's tokens) ----------------------
-    ours = TrainEngine(hf, model_cfg, parallel, OptimConfig(lr=1e-6, clip_grad=1.0))
+    ours = TrainEngine(hf, model_cfg, parallel, OptimConfig(lr=1e-6, clip_grad=1.0, fast_optimizer=fast_optimizer))
     mbs = make_micro_batches(fixed, tokens_per_step)
     n_tok = sum(mb["loss_mask"].sum().item() for mb in mbs)
 
@@ -144,6 +145,7 @@ def run(model: str = "qwen2.5-0.5b", seq_len: int = 2048, tokens_per_step: int =
     fpt = flops_per_token(hf, seq_len)
     result = {
         "model": model, "dtype": dtype, "recompute": recompute, "seq_len": seq_len, "tokens_per_step": n_seq * seq_len,
+        "train.fast_optimizer": ours.fast_optimizer, "train.fused_swiglu": fused_swiglu,
         "train.step_s": med_ours, "train.raw_step_s": med_raw,
         "train.tokens_per_s": n_seq * seq_len / med_ours, "train.raw_tokens_per_s": n_seq * seq_len / med_raw,
         "train.ratio_vs_raw": med_raw / med_ours,

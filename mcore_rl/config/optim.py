@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 DECAY_STYLES = ("constant", "cosine", "linear")
+FAST_OPTIMIZER = ("auto", "on", "off")
 
 
 @dataclass
@@ -42,6 +43,10 @@ class OptimConfig:
     """Shard fp32 master weights and Adam state over data-parallel ranks (ZeRO-1)."""
     grad_reduce_in_fp32: bool = True
     """Accumulate and all-reduce gradients in fp32 even when the weights are bf16."""
+    fast_optimizer: str = "auto"
+    """auto | on | off. Without Transformer Engine / apex: torch's fused AdamW kernel and single-call foreach
+    versions of Megatron's pure-Python multi-tensor fallbacks (grad norm without a host sync per tensor;
+    engine/fast_optim.py). auto = on when the model is on a GPU; off = Megatron's optimizer as shipped."""
 
     def __post_init__(self):
         if self.lr <= 0:
@@ -61,6 +66,8 @@ class OptimConfig:
             raise ValueError(f"optim.lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
         if not 0 <= self.lr_warmup_init <= self.lr:
             raise ValueError(f"optim.lr_warmup_init ({self.lr_warmup_init}) must be in [0, lr ({self.lr})]")
+        if self.fast_optimizer not in FAST_OPTIMIZER:
+            raise ValueError(f"optim.fast_optimizer must be one of {FAST_OPTIMIZER}, got {self.fast_optimizer!r}")
         if self.lr_decay_style not in DECAY_STYLES:
             raise ValueError(f"optim.lr_decay_style must be one of {DECAY_STYLES}, got {self.lr_decay_style!r}")
         if self.lr_decay_style != "constant":

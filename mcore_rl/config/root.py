@@ -72,6 +72,9 @@ class RLConfig:
         if self.actor.mini_batch_size:
             raise ValueError("with tasks, every update uses each task's whole step batch: set actor.mini_batch_size=0 "
                              "(and use tasks[i].batch_size and actor.ppo_epochs to size the updates)")
+        if self.actor.old_logprobs == "rollout":
+            raise ValueError("actor.old_logprobs=rollout is for single-task runs; with tasks the old log-probs are "
+                             "recomputed: set actor.old_logprobs to auto or recompute")
         needs_ref = self.actor.kl_loss_coef > 0 or self.multitask.kl_target is not None
         if needs_ref and not self.ref.enabled:
             raise ValueError("actor.kl_loss_coef > 0 or multitask.kl_target is set, but ref.enabled=false: enable "

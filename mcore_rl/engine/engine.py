@@ -24,8 +24,9 @@ from mcore_rl.config.parallel import ParallelConfig
 from mcore_rl.engine import checkpoint as ckpt
 from mcore_rl.engine.batching import MicroBatch
 from mcore_rl.engine.forward_backward import ForwardBackwardResult, LossFn, configure_model_config, forward_backward
-from mcore_rl.engine.optimizer import (build_optimizer, build_scheduler, inner_optimizers, move_optimizer_state,
-                                       wrap_ddp)
+from mcore_rl.engine.fast_optim import foreach_fallbacks
+from mcore_rl.engine.optimizer import (build_optimizer, build_scheduler, fast_optimizer_enabled, inner_optimizers,
+                                       move_optimizer_state, wrap_ddp)
 
 
 @dataclass
@@ -88,6 +89,7 @@ class TrainEngine:
         self.config = self.model_chunks[0].config
         self.device = next(self.model_chunks[0].parameters()).device
         self.pp_size = parallel_state.get_pipeline_model_parallel_world_size()
+        self.fast_optimizer = optim is not None and fast_optimizer_enabled(optim, self.device)
         if optim is not None:
             self.chunks = wrap_ddp(self.model_chunks, optim)
             self.optimizer = build_optimizer(self.chunks, optim)
@@ -150,7 +152,8 @@ class TrainEngine:
     def optimizer_step(self) -> tuple[bool, float, float]:
         """Clip, step, advance the LR schedule. Returns (update_successful, grad_norm, lr used)."""
         lr = self.lr
-        success, grad_norm, _ = self.optimizer.step()
+        with foreach_fallbacks(self.fast_optimizer):
+            success, grad_norm, _ = self.optimizer.step()
         if success:
             self._advance_schedule()
         return bool(success), float(grad_norm) if grad_norm is not None else float("nan"), lr
@@ -199,6 +202,10 @@ class TrainEngine:
             raise ValueError("this engine was built without an optimizer (optim=None)")
         if not tasks:
             raise ValueError("multi_objective_step needs at least one objective")
+        with foreach_fallbacks(self.fast_optimizer):
+            return self._multi_objective_step(tasks)
+
+    def _multi_objective_step(self, tasks: Sequence[TaskGrad]) -> tuple[StepResult, list[TaskGradResult]]:
         lr = self.lr
         acc: list[torch.Tensor] | None = None
         results, overflow = [], False
@@ -244,9 +251,12 @@ class TrainEngine:
                    temperature: float = 1.0, with_entropy: bool = False) -> StepResult:
         """zero_grad + forward_backward + optimizer_step: one optimizer update from one mini-batch."""
         self.zero_grad()
-        fb = self.forward_backward(micro_batches, loss_fn, normalizer=normalizer, temperature=temperature,
-                                   with_entropy=with_entropy)
+        # The loss and metrics are read from the device after the optimizer step is queued, not before it: the
+        # host then prepares the step while the backward pass still runs.
+        fb = forward_backward(self.chunks, micro_batches, loss_fn, normalizer=normalizer, temperature=temperature,
+                              with_entropy=with_entropy, defer_scalars=True)
         success, grad_norm, lr = self.optimizer_step()
+        fb.resolve()
         return StepResult(fb.loss, fb.metrics, grad_norm, lr, success)
 
     def reload_master_weights(self) -> None:

@@ -49,6 +49,15 @@ class ForwardBackwardResult:
     outputs: list[dict[str, torch.Tensor]] | None
     """With collect_outputs: per micro batch, the detached per-token outputs (layout of its input_ids). On the
     last pipeline stage, or on every rank with broadcast_outputs."""
+    pending: tuple | None = None
+    """With defer_scalars: the device-side sums not yet read into `loss` / `metrics` (see resolve)."""
+
+    def resolve(self) -> "ForwardBackwardResult":
+        """Read deferred loss / metrics from the device (one host sync; collective over pipeline stages)."""
+        if self.pending is not None:
+            self.loss, self.metrics = _share_scalars(*self.pending)
+            self.pending = None
+        return self
 
 
 def unwrap(module):
@@ -112,12 +121,14 @@ def _check_num_micro_batches(n: int, num_chunks: int) -> None:
 def forward_backward(chunks: Sequence, micro_batches: Sequence[MicroBatch], loss_fn: LossFn | None, *,
                      forward_only: bool = False, normalizer: float | torch.Tensor = 1.0,
                      temperature: float = 1.0, with_entropy: bool = False, collect_outputs: bool = False,
-                     broadcast_outputs: bool = False) -> ForwardBackwardResult:
+                     broadcast_outputs: bool = False, defer_scalars: bool = False) -> ForwardBackwardResult:
     """Run the pipeline schedule over `micro_batches` on this rank's model chunks (DDP-wrapped or not).
 
     Gradients accumulate into the DDP grad buffers (zero them before a new step: TrainEngine does). With
     forward_only, no graph is kept. Every rank of a pipeline / tensor-parallel group must pass the same micro
-    batches; data-parallel ranks pass their own (their numbers may differ).
+    batches; data-parallel ranks pass their own (their numbers may differ). With defer_scalars, `loss` and
+    `metrics` stay on the device until `result.resolve()` (which every rank must call), so the caller can queue
+    more GPU work (the optimizer step) before the host waits for them.
     """
     chunks = list(chunks)
     models = [unwrap(c) for c in chunks]
@@ -175,25 +186,33 @@ def forward_backward(chunks: Sequence, micro_batches: Sequence[MicroBatch], loss
             micro_batch_size=max(mb.input_ids.size(0) for mb in micro_batches),
             forward_only=forward_only,
         )
-    loss, metrics = _reduce_scalars(losses, metric_values, device)
+    pending = _sum_scalars(losses, metric_values, device)
+    loss, metrics = (float("nan"), {}) if defer_scalars else _share_scalars(*pending)
     if collect_outputs and broadcast_outputs:
         outputs = _broadcast_outputs(outputs, micro_batches, models, with_entropy, device)
     if collect_outputs and len(chunks) > 1:
         outputs = [None if out is None else {k: v[:shape[0], :shape[1]] for k, v in out.items()}
                    for out, shape in zip(outputs, caller_shapes)]
-    return ForwardBackwardResult(loss, metrics, outputs if collect_outputs else None)
+    return ForwardBackwardResult(loss, metrics, outputs if collect_outputs else None,
+                                 pending if defer_scalars else None)
 
 
-def _reduce_scalars(losses, metric_values, device) -> tuple[float, dict[str, float]]:
-    """Sum over micro batches (last stage), over DP, then share with the other pipeline stages: one host sync."""
-    last = parallel_state.is_pipeline_last_stage(ignore_virtual=True)
+def _sum_scalars(losses, metric_values, device) -> tuple[torch.Tensor | None, list[str]]:
+    """Sum over micro batches and DP ranks, on the device (last pipeline stage; None elsewhere)."""
     keys = sorted(metric_values)
-    if last:
-        vec = torch.stack([torch.stack(losses).sum() if losses else torch.zeros((), device=device)]
-                          + [torch.stack(metric_values[k]).sum() for k in keys])
-        dp_group = parallel_state.get_data_parallel_group()
-        if dist.is_initialized() and dist.get_world_size(dp_group) > 1:
-            dist.all_reduce(vec, group=dp_group)
+    if not parallel_state.is_pipeline_last_stage(ignore_virtual=True):
+        return None, keys
+    vec = torch.stack([torch.stack(losses).sum() if losses else torch.zeros((), device=device)]
+                      + [torch.stack(metric_values[k]).sum() for k in keys])
+    dp_group = parallel_state.get_data_parallel_group()
+    if dist.is_initialized() and dist.get_world_size(dp_group) > 1:
+        dist.all_reduce(vec, group=dp_group)
+    return vec, keys
+
+
+def _share_scalars(vec: torch.Tensor | None, keys: list[str]) -> tuple[float, dict[str, float]]:
+    """The sums as floats on every pipeline stage: one host sync."""
+    if vec is not None:
         values = vec.tolist()
         packet = [(values[0], dict(zip(keys, values[1:])))]
     else:

@@ -14,6 +14,7 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from mcore_rl.config.optim import OptimConfig
+from mcore_rl.engine.fast_optim import use_fused_adam
 
 
 def wrap_ddp(chunks: list, optim: OptimConfig) -> list[DistributedDataParallel]:
@@ -57,9 +58,16 @@ def megatron_optimizer_config(optim: OptimConfig, model_config) -> OptimizerConf
     )
 
 
+def fast_optimizer_enabled(optim: OptimConfig, device: torch.device) -> bool:
+    """OptimConfig.fast_optimizer resolved for a model on `device` (auto = on GPUs)."""
+    return optim.fast_optimizer == "on" or (optim.fast_optimizer == "auto" and device.type == "cuda")
+
+
 def build_optimizer(ddp_chunks: list, optim: OptimConfig):
     config = ddp_chunks[0].config
     optimizer = get_megatron_optimizer(megatron_optimizer_config(optim, config), ddp_chunks)
+    if fast_optimizer_enabled(optim, next(ddp_chunks[0].parameters()).device):
+        use_fused_adam(getattr(opt, "optimizer", None) for opt in inner_optimizers(optimizer))
     # fp16 loss scaling multiplies the loss before backward; a no-op scale of 1 for bf16 / fp32.
     config.grad_scale_func = optimizer.scale_loss
     return optimizer

@@ -21,6 +21,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from mcore_rl.config.model import ModelConfig
 from mcore_rl.config.parallel import ParallelConfig
+from mcore_rl.models import rope
 from mcore_rl.models.arch import resolve_arch
 from mcore_rl.models.specs import layer_spec
 
@@ -173,7 +174,8 @@ def transformer_config(hf: dict, model_cfg: ModelConfig, parallel: ParallelConfi
         variable_seq_lengths=True,  # pipeline p2p exchanges shapes: micro batches differ in length
         moe_token_dispatcher_type="alltoall",  # required with variable_seq_lengths, unused without MoE
         masked_softmax_fusion=False,
-        bias_activation_fusion=False,
+        bias_activation_fusion=model_cfg.fused_swiglu == "on" or (model_cfg.fused_swiglu == "auto"
+                                                                  and torch.cuda.is_available()),
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
         persist_layer_norm=False,
@@ -225,6 +227,7 @@ def build_model(
     """This rank's GPTModel chunks (one per virtual pipeline stage), on the current device."""
     cfg = transformer_config(hf, model_cfg, parallel)
     spec = layer_spec(cfg, use_te(model_cfg))
+    rope.install()  # packed micro batches: RoPE in one call per layer, no host sync (models/rope.py)
     tied = bool(hf.get("tie_word_embeddings", False)) and not value_head
     vocab = padded_vocab_size(hf["vocab_size"], parallel.tp)
     device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"

@@ -23,7 +23,7 @@ from mcore_rl.config.optim import OptimConfig
 from mcore_rl.config.root import RLConfig
 from mcore_rl.trainer import checkpoint as ckpt
 from mcore_rl.trainer import rl_step as rl
-from mcore_rl.trainer.losses import actor_loss_fn, critic_loss_fn
+from mcore_rl.trainer.losses import critic_loss_fn
 from mcore_rl.trainer.metrics import MetricsLogger
 from mcore_rl.trainer.rl_step import StepContext
 
@@ -56,6 +56,9 @@ def train(cfg: RLConfig) -> None:
                                        critic_updates=cfg.trainer.total_steps * num_mini * cfg.critic.ppo_epochs,
                                        use_ref=use_ref, use_critic=cfg.critic.enabled)
     ctx = StepContext(actor, ref, critic, tokenizer, dp_group, dp_rank, dp_size, score_temperature(cfg))
+    old_source = rl.old_logprob_source(cfg.actor.old_logprobs, ppo_epochs=cfg.actor.ppo_epochs,
+                                       num_mini_batches=num_mini,
+                                       kl_in_reward=cfg.algorithm.kl_in_reward and ref is not None)
     kl_ctl = (alg.AdaptiveKLController(cfg.algorithm.kl_coef, cfg.algorithm.kl_target, cfg.algorithm.kl_horizon)
               if cfg.algorithm.kl_adaptive else alg.FixedKLController(cfg.algorithm.kl_coef))
 
@@ -83,7 +86,8 @@ def train(cfg: RLConfig) -> None:
             m: dict[str, float] = {}
             prompts = sampler.next_batch()
             samples = rl.generate(ctx, rollout, rewards, prompts, n, (step - 1) * len(prompts), m)
-            prep = rl.prepare(ctx, samples, cfg.algorithm, cfg.actor, cfg.rollout.max_new_tokens, kl_ctl, m)
+            prep = rl.prepare(ctx, samples, cfg.algorithm, cfg.actor, cfg.rollout.max_new_tokens, kl_ctl, m,
+                              old_source)
             if prep is None:
                 log.warning("step %d: every group had equal rewards; skipping the update", step)
                 metrics_log.log(step, m)
@@ -91,10 +95,7 @@ def train(cfg: RLConfig) -> None:
 
             # ---- updates ------------------------------------------------------------------------------------
             t0 = time.perf_counter()
-            m.update(rl.update(actor, prep.actor_seqs, num_mini, cfg.actor.ppo_epochs,
-                               cfg.actor.max_tokens_per_micro_batch,
-                               lambda c: actor_loss_fn(cfg.actor, c, cfg.rollout.max_new_tokens, ref is not None),
-                               dp_group, "actor", with_entropy=True, temperature=ctx.temperature))
+            m.update(rl.update_actor(ctx, prep, cfg.actor, num_mini, cfg.rollout.max_new_tokens))
             if critic is not None:
                 m.update(rl.update(critic, prep.critic_seqs, num_mini, cfg.critic.ppo_epochs,
                                    cfg.critic.max_tokens_per_micro_batch, lambda c: critic_loss_fn(cfg.critic, c),

@@ -4,7 +4,8 @@ The engine's contract (mcore_rl/engine/forward_backward.py): a loss function ret
 contributions of all micro batches on all data-parallel ranks are summed. The algorithms' aggregation gives
 exactly that when it is handed the mini-batch's global token and sequence counts (MiniBatchCounts), so the
 summed loss is the full mini-batch loss whatever the micro-batching or DP layout. Metrics are weighted by the
-micro batch's share of the mini-batch's tokens, so their sums are token-weighted means.
+micro batch's share of the mini-batch's tokens, so their sums are token-weighted means; a maximum cannot be a
+sum, so it goes through a PeakMetrics the caller reduces once per step.
 """
 
 from __future__ import annotations
@@ -42,14 +43,60 @@ def _share(mb, counts: MiniBatchCounts) -> torch.Tensor:
     return mb["loss_mask"].sum().double() / counts.num_tokens
 
 
-def actor_loss_fn(cfg: ActorConfig, counts: MiniBatchCounts, max_response_length: int, use_ref: bool):
+class PeakMetrics:
+    """Running maxima of non-negative per-token quantities over a step's micro batches, kept on the device (no
+    host sync per micro batch). `reduce()` takes the max over every rank (so pipeline stages that never ran the
+    loss still agree); call it once per step, on every rank."""
+
+    def __init__(self, keys, device):
+        self.values = {k: torch.zeros((), dtype=torch.float32, device=device) for k in keys}
+
+    def observe(self, key: str, x: torch.Tensor) -> None:
+        self.values[key] = torch.maximum(self.values[key], x.detach().max().float())
+
+    def reduce(self) -> dict[str, float]:
+        keys = sorted(self.values)
+        vec = torch.stack([self.values[k] for k in keys])
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(vec, op=dist.ReduceOp.MAX)
+        return dict(zip(keys, vec.tolist()))
+
+
+def actor_loss_fn(cfg: ActorConfig, counts: MiniBatchCounts, max_response_length: int, use_ref: bool,
+                  old_source: str = "recompute", peaks: PeakMetrics | None = None):
+    """PPO-family policy loss (+ entropy bonus, + KL loss) of one mini-batch.
+
+    old_source (rl_step.old_logprob_source) says what plays log pi_old in the ratio:
+      recompute: mb["old_logprobs"], the actor's forward pass before the updates;
+      current:   the update's own log-probs, detached (exactly on-policy: ratio 1, gradient A * grad log pi,
+                 the same as the recomputed ratio's at its value 1). TIS then weighs current / rollout, the
+                 value pi_old / pi_rollout has with recompute;
+      rollout:   mb["rollout_logprobs"], SGLang's log-probs of the samples.
+    Without the forward pass (current, rollout), the diagnostics prepare() takes from it are measured here from
+    the update's log-probs instead: rollout/logprob_diff and rollout/kl (token means over the mini-batch),
+    rollout/logprob_diff_max (into `peaks`, required then) and, with old_source=current and a reference, `kl`.
+    With one update a step (what auto needs) they equal prepare()'s values; with rollout and several updates
+    they are the mean over the updates (later ones include the policy's own drift).
+    """
     agg = dict(loss_agg_mode=cfg.loss_agg_mode, global_num_tokens=counts.num_tokens.float(),
                global_num_seqs=counts.num_seqs.float(), max_response_length=max_response_length)
+    if old_source not in ("recompute", "current", "rollout"):
+        raise ValueError(f"old_source must be recompute, current or rollout, got {old_source!r}")
+    assert old_source == "recompute" or peaks is not None, "the forward-free paths report a max: pass peaks"
 
     def loss_fn(out: dict, mb):
         mask = rows(mb["loss_mask"], mb)
         logprobs = rows(out["logprobs"], mb)
-        old = rows(mb["old_logprobs"], mb)
+        metrics = {}
+        if old_source == "recompute":
+            old = rows(mb["old_logprobs"], mb)
+        else:
+            current, roll = logprobs.detach(), rows(mb["rollout_logprobs"], mb)
+            old = current if old_source == "current" else roll
+            metrics.update(_rollout_gap(current, roll, mask, counts, peaks))
+            if old_source == "current" and use_ref:
+                kl_k1 = alg.estimate_kl(current, rows(mb["ref_logprobs"], mb), "k1")
+                metrics["kl"] = (kl_k1 * mask).sum().double() / counts.num_tokens
         weights = None
         if cfg.tis_cap is not None:
             weights = alg.truncated_importance_weights(old, rows(mb["rollout_logprobs"], mb), mask, cap=cfg.tis_cap)
@@ -58,7 +105,7 @@ def actor_loss_fn(cfg: ActorConfig, counts: MiniBatchCounts, max_response_length
             response_mask=mask, clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
             clip_ratio_c=cfg.clip_ratio_c, token_weights=weights, **agg)
         share = _share(mb, counts)
-        metrics = {"actor/pg_loss": loss.detach()}
+        metrics["actor/pg_loss"] = loss.detach()
         for key in ("clip_frac", "ppo_kl", "approx_kl", "ratio_mean"):
             if key in m:
                 metrics[f"actor/{key}"] = m[key] * share
@@ -74,6 +121,16 @@ def actor_loss_fn(cfg: ActorConfig, counts: MiniBatchCounts, max_response_length
         return total, metrics
 
     return loss_fn
+
+
+def _rollout_gap(current, roll, mask, counts: MiniBatchCounts, peaks: PeakMetrics) -> dict[str, torch.Tensor]:
+    """The trainer/engine log-prob gap on this micro batch, as contributions to token means (prepare()'s
+    rollout/* metrics, same formulas)."""
+    diff = (current - roll).abs() * mask
+    peaks.observe("rollout/logprob_diff_max", diff)
+    kl_k3 = alg.estimate_kl(roll, current, "k3") * mask
+    return {"rollout/logprob_diff": diff.sum().double() / counts.num_tokens,
+            "rollout/kl": kl_k3.sum().double() / counts.num_tokens}
 
 
 def critic_loss_fn(cfg: CriticConfig, counts: MiniBatchCounts):

@@ -233,13 +233,15 @@ class MultiTaskTrainer:
         prompts = task.sampler.next_batch()
         samples = rl.generate(self.ctx, self.rollout, task.rewards, prompts, t.n_samples_per_prompt,
                               (step - 1) * t.batch_size, tm)
+        # Always the forward pass (actor.old_logprobs auto acts as recompute; rollout is refused by the config):
+        # the KL monitor and the per-task metrics read each task's log pi_old from prepare, before the update.
         prep = rl.prepare(self.ctx, samples, t.algorithm_config(), cfg.actor, cfg.rollout.max_new_tokens,
-                          task.kl_ctl, tm)
+                          task.kl_ctl, tm, old_source="recompute")
         if prep is None:
             return None
         mbs = rl.micro_batches(self.actor, prep.actor_seqs, cfg.actor.max_tokens_per_micro_batch)
         counts = count(mbs, self.actor.device, self.ctx.dp_group)
-        loss_fn = actor_loss_fn(cfg.actor, counts, cfg.rollout.max_new_tokens, self.ref is not None)
+        loss_fn = actor_loss_fn(cfg.actor, counts, cfg.rollout.max_new_tokens, self.ref is not None, "recompute")
         kl = tm.get("kl") if self.ref is not None else None
         return TaskBatch(mbs, loss_fn, self.ctx.temperature, True, tm, kl, prep.num_response_tokens,
                          prep.critic_seqs)

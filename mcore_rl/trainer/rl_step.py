@@ -1,8 +1,9 @@
 """The parts of an RL step shared by the single-task loop (loop.py) and the multi-task loop (multitask.py).
 
     samples = generate(ctx, rollout, rewards, prompts, n, first_group_id, m)      # rank 0 generates, all get them
-    prep = prepare(ctx, samples, algo, cfg.actor, max_new_tokens, kl_ctl, m)     # forwards, advantages, sequences
-    update(ctx.actor, prep.actor_seqs, ...)                                        # optimizer steps
+    source = old_logprob_source(cfg.actor.old_logprobs, ...)                      # recompute | current | rollout
+    prep = prepare(ctx, samples, algo, cfg.actor, max_new_tokens, kl_ctl, m, source)  # forwards, advantages
+    m.update(update_actor(ctx, prep, cfg.actor, num_mini, max_new_tokens))         # optimizer steps
 
 `m` is the step's metrics dict; each function adds its own keys (without a task prefix: the multi-task loop
 prefixes them).
@@ -21,7 +22,7 @@ from mcore_rl import algorithms as alg
 from mcore_rl.config.rl import ActorConfig, AlgorithmConfig
 from mcore_rl.trainer.batch import response_mask, rollout_logprobs, sequences, shard, split_even
 from mcore_rl.trainer.batch import to_response_space, to_token_space
-from mcore_rl.trainer.losses import count
+from mcore_rl.trainer.losses import PeakMetrics, actor_loss_fn, count
 
 
 @dataclass
@@ -46,9 +47,31 @@ class PreparedRL:
     actor_seqs: list[dict]
     """This rank's engine sequences with old / rollout / reference log-probs and advantages."""
     critic_seqs: list[dict] | None
-    kl: float
-    """Token mean of k1 KL(actor || reference) on the samples (0 without a reference)."""
+    kl: float | None
+    """Token mean of k1 KL(actor || reference) on the samples (0 without a reference); None when old_source is
+    current (the update's loss measures it: metric `kl`)."""
     num_response_tokens: int
+    old_source: str = "recompute"
+    """What the update takes as old log-probs (old_logprob_source): recompute | current | rollout."""
+
+
+def old_logprob_source(mode: str, *, ppo_epochs: int, num_mini_batches: int, kl_in_reward: bool) -> str:
+    """Where the update's old log-probs come from, for actor.old_logprobs = `mode` (config/rl.py):
+
+      recompute  the actor's forward pass over the samples before the updates (prepare);
+      current    the update's own log-probs, detached: only when the step makes exactly one optimizer update
+                 from the whole batch (ppo_epochs == 1, num_mini_batches == 1), so the weights it differentiates
+                 at are the weights the forward pass would have used, and nothing reads log pi_old before the
+                 update (kl_in_reward: the KL penalty in the reward, with a reference model, does);
+      rollout    the rollout engine's log-probs.
+    """
+    if mode == "rollout":
+        return "rollout"
+    if mode == "auto" and ppo_epochs == 1 and num_mini_batches == 1 and not kl_in_reward:
+        return "current"
+    if mode not in ("auto", "recompute"):
+        raise ValueError(f"actor.old_logprobs must be auto, recompute or rollout, got {mode!r}")
+    return "recompute"
 
 
 def generate(ctx: StepContext, rollout, rewards, prompts, n: int, first_group_id: int, m: dict) -> list:
@@ -73,11 +96,17 @@ def generate(ctx: StepContext, rollout, rewards, prompts, n: int, first_group_id
 
 
 def prepare(ctx: StepContext, samples: list, algo: AlgorithmConfig, actor_cfg: ActorConfig, max_new_tokens: int,
-            kl_ctl, m: dict) -> PreparedRL | None:
+            kl_ctl, m: dict, old_source: str = "recompute") -> PreparedRL | None:
     """Rewards -> (filter) -> old / reference log-probs and values -> advantages -> engine sequences.
 
-    Returns None when dynamic sampling leaves fewer samples than data-parallel ranks (nothing to train on).
+    The actor's forward pass runs only for old_source=recompute; otherwise the rollout/* diagnostics (and, for
+    current, `kl`) are measured by the update's loss (losses.actor_loss_fn). With old_source=rollout the
+    rollout log-probs also stand for log pi_old in `kl` and the KL reward penalty. Returns None when dynamic
+    sampling leaves fewer samples than data-parallel ranks (nothing to train on).
     """
+    if old_source == "current" and algo.kl_in_reward and ctx.ref is not None:
+        raise ValueError("old_source=current cannot serve algorithm.kl_in_reward: the KL penalty needs log pi_old "
+                         "before the update (old_logprob_source picks recompute for it)")
     scores = torch.tensor([float(s.reward) for s in samples])
     group_ids = torch.tensor([s.group_id for s in samples])
     if algo.overlong_buffer > 0:
@@ -97,27 +126,36 @@ def prepare(ctx: StepContext, samples: list, algo: AlgorithmConfig, actor_cfg: A
     my_samples = [samples[i] for i in mine]
     mbs = micro_batches(ctx.actor, sequences(my_samples), actor_cfg.max_tokens_per_micro_batch)
     t = ctx.temperature
-    old_tok = gather_tokens(ctx.actor.compute_logprobs(mbs, temperature=t), mbs, "logprobs")
+    recompute = old_source == "recompute"
+    old_tok = gather_tokens(ctx.actor.compute_logprobs(mbs, temperature=t), mbs, "logprobs") if recompute else None
     ref_tok = (gather_tokens(ctx.ref.compute_logprobs(mbs, temperature=t), mbs, "logprobs")
                if ctx.ref is not None else None)
     val_tok = gather_tokens(ctx.critic.compute_values(mbs), mbs, "values") if ctx.critic is not None else None
     m["timing/forward_s"] = time.perf_counter() - t0
+    m["actor/old_logprobs_recomputed"] = float(recompute)
 
     # Advantages need the whole batch (groups, whitening): all-gather the per-sample results over DP.
     mask = response_mask(samples)
     width = mask.size(1)
-    old = all_gather_resp(old_tok, my_samples, width, ctx.dp_group)
     ref_lp = all_gather_resp(ref_tok, my_samples, width, ctx.dp_group) if ref_tok else None
     values = all_gather_resp(val_tok, my_samples, width, ctx.dp_group) if val_tok else None
     roll = rollout_logprobs(samples, width)
-    diff = (old - roll).abs() * mask
-    m["rollout/logprob_diff"] = float(diff.sum() / mask.sum().clamp(min=1))
-    m["rollout/logprob_diff_max"] = float(diff.max())
-    m["rollout/kl"] = float(alg.masked_mean(alg.estimate_kl(roll, old, "k3"), mask))
+    old = roll if old_source == "rollout" else None
+    if recompute:
+        old = all_gather_resp(old_tok, my_samples, width, ctx.dp_group)
+        diff = (old - roll).abs() * mask
+        m["rollout/logprob_diff"] = float(diff.sum() / mask.sum().clamp(min=1))
+        m["rollout/logprob_diff_max"] = float(diff.max())
+        m["rollout/kl"] = float(alg.masked_mean(alg.estimate_kl(roll, old, "k3"), mask))
 
     token_rewards = alg.scores_to_token_rewards(scores, mask)
-    kl = alg.masked_mean(alg.estimate_kl(old, ref_lp, "k1"), mask) if ref_lp is not None else torch.tensor(0.0)
-    m["kl"] = float(kl)
+    kl = None  # old_source=current with a reference: the update measures it
+    if ref_lp is None:
+        kl = 0.0
+    elif old is not None:
+        kl = float(alg.masked_mean(alg.estimate_kl(old, ref_lp, "k1"), mask))
+    if kl is not None:
+        m["kl"] = kl
     if algo.kl_in_reward and ref_lp is not None:
         token_rewards, kl_m = alg.apply_kl_penalty(token_rewards, old, ref_lp, mask, kl_ctl.value, algo.kl_estimator)
         kl_ctl.update(float(kl_m["kl_seq"]), n_steps=len(samples))
@@ -129,7 +167,9 @@ def prepare(ctx: StepContext, samples: list, algo: AlgorithmConfig, actor_cfg: A
     m["advantages/mean"] = float(alg.masked_mean(adv, mask))
     m["advantages/abs_mean"] = float(alg.masked_mean(adv.abs(), mask))
 
-    fields = {"old_logprobs": old, "advantages": adv, "rollout_logprobs": roll}
+    fields = {"advantages": adv, "rollout_logprobs": roll}
+    if recompute:
+        fields["old_logprobs"] = old
     if ref_lp is not None:
         fields["ref_logprobs"] = ref_lp
     seqs = sequences(my_samples, {k: to_token_space(v[mine], my_samples) for k, v in fields.items()})
@@ -137,7 +177,21 @@ def prepare(ctx: StepContext, samples: list, algo: AlgorithmConfig, actor_cfg: A
     if ctx.critic is not None:
         cseqs = sequences(my_samples, {"old_values": to_token_space(values[mine], my_samples),
                                        "returns": to_token_space(returns[mine], my_samples)})
-    return PreparedRL(samples, seqs, cseqs, float(kl), int(mask.sum()))
+    return PreparedRL(samples, seqs, cseqs, kl, int(mask.sum()), old_source)
+
+
+def update_actor(ctx: StepContext, prep: PreparedRL, actor_cfg: ActorConfig, num_mini: int,
+                 max_response_length: int) -> dict[str, float]:
+    """The actor's updates of one step (update() with the actor's loss); metrics as update() returns them, plus
+    the diagnostics the loss measures when prepare() skipped the old log-prob pass."""
+    peaks = None if prep.old_source == "recompute" else PeakMetrics(["rollout/logprob_diff_max"], ctx.actor.device)
+    metrics = update(ctx.actor, prep.actor_seqs, num_mini, actor_cfg.ppo_epochs, actor_cfg.max_tokens_per_micro_batch,
+                     lambda c: actor_loss_fn(actor_cfg, c, max_response_length, ctx.ref is not None,
+                                             prep.old_source, peaks),
+                     ctx.dp_group, "actor", with_entropy=True, temperature=ctx.temperature)
+    if peaks is not None:
+        metrics.update(peaks.reduce())
+    return metrics
 
 
 def update(engine, seqs, num_mini, epochs, max_tokens, make_loss, dp_group, prefix, **kw) -> dict[str, float]:

@@ -19,8 +19,8 @@ KEYS = [
     "rollout.tokens_per_s", "rollout.raw_tokens_per_s", "rollout.ratio_vs_raw",
     "weight_sync.seconds", "weight_sync.copy_seconds", "weight_sync.gb_per_s", "weight_sync.ratio_vs_copy",
     "weight_sync.export_seconds_per_gb",
-    "e2e.step_s", "e2e.raw_parts_s", "e2e.ratio_vs_raw_parts", "e2e.rollout_s", "e2e.old_logprobs_s",
-    "e2e.ref_logprobs_s", "e2e.update_s", "e2e.sync_s", "e2e.raw_rollout_s", "e2e.raw_update_s", "e2e.raw_sync_s",
+    "e2e.step_s", "e2e.raw_parts_s", "e2e.ratio_vs_raw_parts", "e2e.rollout_s", "e2e.ref_logprobs_s",
+    "e2e.update_s", "e2e.sync_s", "e2e.raw_rollout_s", "e2e.raw_update_s", "e2e.raw_sync_s",
 ]
 
 pytestmark = pytest.mark.slow
@@ -46,4 +46,6 @@ def test_all_writes_every_figure(tmp_path):
            if not isinstance(figures.get(k), (int, float)) or not math.isfinite(figures[k]) or figures[k] <= 0}
     assert not bad, f"missing, non-finite or non-positive figures: {bad}"
     assert figures["weight_sync.tp"] == 1 and figures["e2e.new_tokens"] == 2 * 2 * 4
+    # e2e's step is one update from the whole batch: --old-logprobs auto (the default) skips that forward
+    assert figures["e2e.old_logprobs_mode"] == "skip" and figures["e2e.old_logprobs_s"] == 0
     assert "rollout.ratio_vs_raw" in proc.stdout  # the table

@@ -60,3 +60,15 @@ def test_config_errors(overrides, message):
     with pytest.raises(ValueError, match=message):
         transformer_config(hf(**overrides), ModelConfig(), ParallelConfig(tp=4 if "num_attention_heads" in overrides
                                                                           else 1))
+
+
+@pytest.mark.parametrize("setting,expected", [("on", True), ("off", False),
+                                              ("auto", torch.cuda.is_available())])
+def test_fused_swiglu_setting(setting, expected):
+    cfg = transformer_config(hf(), ModelConfig(fused_swiglu=setting), ParallelConfig())
+    assert cfg.bias_activation_fusion is expected and cfg.gated_linear_unit
+
+
+def test_fused_swiglu_value_is_checked():
+    with pytest.raises(ValueError, match="model.fused_swiglu must be one of"):
+        ModelConfig(fused_swiglu="yes")

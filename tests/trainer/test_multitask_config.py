@@ -90,3 +90,5 @@ def test_run_level_errors():
         compose("experiment=multitask_grpo_dpo", "ref.enabled=false", "multitask.kl_target=null")
     with pytest.raises(ValueError, match="set actor.mini_batch_size=0"):
         compose("experiment=multitask_grpo_dpo", "actor.mini_batch_size=8")
+    with pytest.raises(ValueError, match="actor.old_logprobs=rollout is for single-task runs"):
+        compose("experiment=multitask_grpo_dpo", "actor.old_logprobs=rollout")
