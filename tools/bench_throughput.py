@@ -39,6 +39,11 @@ def _train_args(p, model_flag: str) -> None:
     p.add_argument("--train-warmup", type=int, default=2)
     p.add_argument("--dtype", default="bf16")
     p.add_argument("--recompute", default="none")
+    p.add_argument("--fast-optimizer", default="auto", choices=("auto", "on", "off"),
+                   help="our engine's OptimConfig.fast_optimizer (fused AdamW, foreach multi-tensor paths); the raw "
+                        "loop always runs Megatron's optimizer as shipped")
+    p.add_argument("--fused-swiglu", default="auto", choices=("auto", "on", "off"),
+                   help="ModelConfig.fused_swiglu for both sides (same model builder)")
 
 
 def _engine_args(p) -> None:
@@ -50,8 +55,14 @@ def _engine_args(p) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--bucket-mb", type=int, default=512)
+    p.add_argument("--sync-layout", choices=("auto", "hf", "engine", "both"), default="auto",
+                   help="weight_sync: tensors handed to SGLang: its own parameters (engine, load_format=direct), HF "
+                        "names (hf), what the trainer picks (auto), or each measured in one run (both)")
     p.add_argument("--max-tokens-per-micro-batch", type=int, default=4096)
     p.add_argument("--no-ref", action="store_true", help="e2e without the reference model's forward")
+    p.add_argument("--old-logprobs", choices=("auto", "recompute"), default="auto",
+                   help="e2e: auto skips the old log-prob forward (one update a step: exactly on-policy, as the "
+                        "trainer's actor.old_logprobs=auto); recompute runs it")
     p.add_argument("--max-total-tokens", type=int, default=32768, help="SGLang KV cache tokens on CPU")
     p.add_argument("--mem-fraction-static", type=float, default=None,
                    help="SGLang's share of GPU memory (default 0.35; lower it for larger models colocated)")
@@ -125,7 +136,7 @@ def run_engine_benches(args, names, world: int) -> dict:
             from mcore_rl.bench import weight_sync
 
             result.update(weight_sync.run(engine, actor.model_chunks, hf, args.bucket_mb << 20, args.repeats,
-                                          args.warmup))
+                                          args.warmup, layout=args.sync_layout))
             _save_partial(result, args.json)
         if "e2e" in names:
             _progress("e2e")
@@ -133,7 +144,7 @@ def run_engine_benches(args, names, world: int) -> dict:
 
             ref = None if args.no_ref else common.load_actor(path, hf, parallel, with_optimizer=False)
             result.update(e2e.run(engine, actor, ref, hf, prompts, args.n, args.max_new_tokens, args.bucket_mb << 20,
-                                  args.max_tokens_per_micro_batch, args.repeats, args.warmup))
+                                  args.max_tokens_per_micro_batch, args.repeats, args.warmup, args.old_logprobs))
         if args.json and os.path.exists(args.json + ".partial"):  # complete: main writes args.json
             os.remove(args.json + ".partial")
     finally:
@@ -167,7 +178,8 @@ def main() -> None:
             _progress("train")
             initialize(ParallelConfig())
             result.update(run(args.train_model, args.seq_len, args.tokens, args.iters, args.train_warmup, args.dtype,
-                              recompute=args.recompute))
+                              recompute=args.recompute, fast_optimizer=args.fast_optimizer,
+                              fused_swiglu=args.fused_swiglu))
         if args.what in ENGINE_BENCHES or args.what == "all":
             names = ENGINE_BENCHES if args.what == "all" else (args.what,)
             result.update(run_engine_benches(args, names, world))

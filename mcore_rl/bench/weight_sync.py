@@ -6,6 +6,10 @@ Also export alone (no engine) in seconds per GB, through bridge.measure_export_s
 
 Every trainer rank runs this (the export is collective); global rank 0 owns the engine and receives the
 buckets. Under `torchrun --nproc_per_node 2` with TP=2 the export includes the all-gather of TP shards.
+
+layout (`--sync-layout`): auto (what the trainer would pick: the engine layout where supported, else hf), hf,
+engine, or both (each measured; the unprefixed keys are auto's, `weight_sync.hf.*` / `weight_sync.engine.*` each
+layout's). `weight_sync.layout` says which layout the unprefixed keys measured.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ def sync_once(engine, exporter) -> int:
             continue
         named = list(bucket)
         nbytes += sum(t.numel() * t.element_size() for _, t in named)
-        engine.update_bucket(named)
+        engine.update_bucket(named, layout=bucket.layout)
     if engine is not None:
         engine.end_update()
     return nbytes
@@ -45,12 +49,47 @@ class PlainCopy:
             d.copy_(s)
 
 
-def run(engine, actor_chunks, hf: dict, bucket_bytes: int, repeats: int = 3, warmup: int = 1) -> dict:
+SYNC_LAYOUTS = ("auto", "hf", "engine", "both")
+_KEYS = ("seconds", "copy_seconds", "gb_per_s", "ratio_vs_copy", "export_seconds_per_gb", "num_buckets")
+
+
+def run(engine, actor_chunks, hf: dict, bucket_bytes: int, repeats: int = 3, warmup: int = 1,
+        layout: str = "auto") -> dict:
     """engine: the RolloutEngine on global rank 0, None on the other ranks."""
+    from mcore_rl.trainer.sync import choose_layout, from_rank0, layout_blockers
+
+    if layout not in SYNC_LAYOUTS:
+        raise ValueError(f"layout must be one of {SYNC_LAYOUTS}, got {layout!r}")
+    chosen = None
+    if dist.get_rank() == 0:  # rank 0 owns the engine: it decides, as in the trainer
+        try:
+            chosen = choose_layout("auto" if layout == "both" else layout, layout_blockers("tensor", hf, engine))
+        except ValueError as e:
+            chosen = e
+    chosen = from_rank0(chosen)
+    if layout != "both":
+        return {"weight_sync.layout": chosen, **_measure(engine, actor_chunks, hf, bucket_bytes, repeats, warmup,
+                                                          chosen)}
+    out: dict = {"weight_sync.layout": chosen}
+    for each in ("hf", "engine"):
+        figures = _measure(engine, actor_chunks, hf, bucket_bytes, repeats, warmup, each)
+        out.update({k.replace("weight_sync.", f"weight_sync.{each}.", 1): v for k, v in figures.items()
+                    if k.removeprefix("weight_sync.") in _KEYS})
+        if each == chosen:
+            out.update(figures)
+    return out
+
+
+def _measure(engine, actor_chunks, hf: dict, bucket_bytes: int, repeats: int, warmup: int, layout: str) -> dict:
     from mcore_rl.bridge import HFWeightExporter, measure_export_seconds_per_gb
 
-    exporter = HFWeightExporter(actor_chunks, hf, bucket_bytes=bucket_bytes, destination=0)
+    exporter = HFWeightExporter(actor_chunks, hf, bucket_bytes=bucket_bytes, destination=0, layout=layout)
     receiver = dist.get_rank() == 0
+    if layout == "engine" and receiver:  # the whole name set once, as WeightSync's first sync does
+        from mcore_rl.rollout.engine_params import check_names
+
+        check_names({n: s for n, s, _ in exporter.tensor_specs()}, engine.engine_parameters(),
+                    "the engine-layout export")
     copy = PlainCopy(exporter)
     for _ in range(warmup):
         sync_once(engine, exporter)

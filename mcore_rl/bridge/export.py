@@ -22,7 +22,13 @@ Destination (who receives full tensors):
   buckets; the other ranks of r's model-parallel group gather and send, and ranks of other data-parallel replicas
   do nothing. Every rank still iterates and gets None for each bucket.
 
-Bucket bound: buckets are cut at `bucket_bytes` (bytes of the HF tensors in the export dtype) and at changes of
+Layout: "hf" yields HF names and shapes; "engine" yields SGLang's own parameters (bridge.engine_layout: fused
+qkv_proj / gate_up_proj, vocabulary padded to a multiple of 64), which the engine copies as they are, with no name
+mapping (mcore_rl.rollout.RolloutEngine.update_bucket(..., layout="engine")). Both pack the same HF tensors in the
+same order, so an engine tensor is a view over the region its HF tensors occupy
+(plus zeroed padding rows): the engine layout costs no extra copy.
+
+Bucket bound: buckets are cut at `bucket_bytes` (bytes of the yielded tensors in the export dtype) and at changes of
 the owning stage. The unit is one Megatron parameter (fused q/k/v or gate/up stay together); a parameter bigger
 than the bound gets a bucket of its own, so such a bucket is bigger than the bound.
 """
@@ -41,6 +47,7 @@ from mcore_rl.bridge.maps import Dims, Kind, expand
 from mcore_rl.bridge.transforms import from_shards
 
 DEFAULT_BUCKET_BYTES = 512 * 2**20
+LAYOUTS = ("hf", "engine")
 
 
 @dataclass(frozen=True)
@@ -51,10 +58,21 @@ class PlanItem:
     dtype: torch.dtype  # export dtype
     owner: int  # pipeline rank holding the parameter
     kind: Kind
+    engine: tuple[tuple[str, tuple[int, ...]], ...] | None = None  # engine-layout (name, shape); None: HF layout
+
+    @property
+    def out(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """The yielded (name, shape) pairs: the HF tensors, or their engine form."""
+        return self.engine if self.engine is not None else tuple(zip(self.hf, self.shapes))
+
+    @property
+    def numel(self) -> int:
+        """Elements of the item's region of the flat buffer (the HF tensors back to back, then any padding)."""
+        return sum(_numel(s) for _, s in self.out)
 
     @property
     def nbytes(self) -> int:
-        return sum(_numel(s) for s in self.shapes) * _itemsize(self.dtype)
+        return self.numel * _itemsize(self.dtype)
 
 
 @dataclass(frozen=True)
@@ -70,11 +88,13 @@ class BucketPlan:
 
 @dataclass
 class Bucket:
-    """Full HF tensors: iterate for (name, tensor) pairs; `flat` holds the per-dtype buffers they view."""
+    """Full tensors in the exporter's layout: iterate for (name, tensor) pairs; `flat` holds the per-dtype buffers
+    they view."""
 
     index: int
     named_tensors: list[tuple[str, torch.Tensor]]
     flat: dict[torch.dtype, torch.Tensor]
+    layout: str = "hf"
 
     def __iter__(self):
         return iter(self.named_tensors)
@@ -112,7 +132,7 @@ def plan_buckets(items: list[PlanItem], bucket_bytes: int) -> list[BucketPlan]:
     for items_ in buckets:
         numel: dict = {}
         for it in items_:
-            numel[it.dtype] = numel.get(it.dtype, 0) + sum(_numel(s) for s in it.shapes)
+            numel[it.dtype] = numel.get(it.dtype, 0) + it.numel
         out.append(BucketPlan(tuple(items_), items_[0].owner, numel))
     return out
 
@@ -122,15 +142,24 @@ class HFWeightExporter:
 
     chunks: this rank's model chunks (possibly wrapped by DDP / Float16Module). hf: config.json dict.
     bucket_bytes: bound of one bucket. destination: "all" or a global rank. dtype: export dtype (None keeps each
-    parameter's dtype). Must be constructed and iterated by every rank of the trainer, in the same order.
+    parameter's dtype). layout: "hf" or "engine" (see the module docstring; every rank must pass the same).
+    Must be constructed and iterated by every rank of the trainer, in the same order.
     """
 
     def __init__(self, chunks: list, hf: dict, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 destination: int | str = "all", dtype: torch.dtype | None = None):
+                 destination: int | str = "all", dtype: torch.dtype | None = None, layout: str = "hf"):
         from megatron.core import parallel_state as ps
 
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        if layout == "engine":
+            from mcore_rl.bridge.engine_layout import unsupported_reason
+
+            reason = unsupported_reason(hf)
+            if reason is not None:
+                raise ValueError(f"the engine layout cannot export this model: {reason}; use layout='hf'")
         world = dist.get_world_size()
         if destination != "all" and not (isinstance(destination, int) and 0 <= destination < world):
             raise ValueError(f"destination must be 'all' or a global rank in [0, {world}), got {destination!r}")
@@ -139,7 +168,7 @@ class HFWeightExporter:
         if any(getattr(unwrap(c), "mcore_rl_is_critic", False) for c in chunks):
             raise ValueError("a critic (value head) has no HF causal-LM counterpart to export")
         self.chunks, self.hf, self.bucket_bytes = chunks, hf, bucket_bytes
-        self.destination, self.dtype = destination, dtype
+        self.destination, self.dtype, self.layout = destination, dtype, layout
         self.dims = Dims.from_hf(hf)
         self._tp_group = ps.get_tensor_model_parallel_group()
         self._pp_group = ps.get_pipeline_model_parallel_group()
@@ -186,7 +215,12 @@ class HFWeightExporter:
             pp, dtype = owner[i]
             e = entries[i]
             export_dtype = self.dtype or getattr(torch, dtype)
-            items.append(PlanItem(i, e.hf, tuple(e.hf_shapes(self.dims)), export_dtype, pp, e.kind))
+            engine = None
+            if self.layout == "engine":
+                from mcore_rl.bridge.engine_layout import engine_tensors
+
+                engine = tuple(engine_tensors(e, self.dims))
+            items.append(PlanItem(i, e.hf, tuple(e.hf_shapes(self.dims)), export_dtype, pp, e.kind, engine))
         if self.destination == "all":
             self._receive = self._participate = True
         else:
@@ -201,8 +235,12 @@ class HFWeightExporter:
         return sum(b.nbytes for b in self.plan())
 
     def hf_names(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
-        """(name, shape, dtype) of every exported HF tensor, in iteration order."""
+        """(name, shape, dtype) of every exported HF tensor, in iteration order (whatever the layout)."""
         return [(n, s, it.dtype) for b in self.plan() for it in b.items for n, s in zip(it.hf, it.shapes)]
+
+    def tensor_specs(self) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        """(name, shape, dtype) of every yielded tensor, in iteration order: hf_names() in the HF layout."""
+        return [(n, s, it.dtype) for b in self.plan() for it in b.items for n, s in it.out]
 
     # ---- iteration --------------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Bucket | None]:
@@ -228,16 +266,18 @@ class HFWeightExporter:
             sends = (owns and bp.owner != self._dest["pp"]
                      and ps.get_tensor_model_parallel_rank() == self._dest["tp"])
             keeps, receives = self._receive or sends, self._receive and not owns
-        flat = views = None
+        flat = views = outs = None
         if keeps:
             flat = {d: torch.empty(n, dtype=d, device=self._device()) for d, n in bp.numel.items()}
-            views = self._views(bp, flat)
+            views, outs, pads = self._views(bp, flat)
         if owns:
             for item in bp.items:
                 tensors = self._gather(item)  # collective over the TP group: every owner-stage rank joins
                 if keeps:
-                    for (_, view), tensor in zip(views[item.index], tensors):
+                    for view, tensor in zip(views[item.index], tensors):
                         view.copy_(tensor)
+                    if item.index in pads:
+                        pads[item.index].zero_()
                 del tensors
         if self.destination == "all":
             if dist.get_world_size(self._pp_group) > 1:
@@ -251,18 +291,27 @@ class HFWeightExporter:
                 dist.recv(buf, src=src)
         if not self._receive:
             return None
-        return Bucket(k, [nv for it in bp.items for nv in views[it.index]], flat)
+        return Bucket(k, [nv for it in bp.items for nv in outs[it.index]], flat, self.layout)
 
-    def _views(self, bp: BucketPlan, flat: dict) -> dict[int, list[tuple[str, torch.Tensor]]]:
+    def _views(self, bp: BucketPlan, flat: dict):
+        """Per item: views of its HF tensors (written by the export), the yielded (name, view) pairs over the same
+        region, and the padding after the HF tensors (zeroed by the export), if any."""
         offsets = {d: 0 for d in flat}
-        views = {}
+        views, outs, pads = {}, {}, {}
         for it in bp.items:
-            views[it.index] = []
-            for name, shape in zip(it.hf, it.shapes):
-                n, off = _numel(shape), offsets[it.dtype]
-                views[it.index].append((name, flat[it.dtype][off:off + n].view(shape)))
-                offsets[it.dtype] += n
-        return views
+            region = flat[it.dtype][offsets[it.dtype]:offsets[it.dtype] + it.numel]
+            offsets[it.dtype] += it.numel
+            views[it.index], off = [], 0
+            for shape in it.shapes:
+                views[it.index].append(region[off:off + _numel(shape)].view(shape))
+                off += _numel(shape)
+            if off < it.numel:
+                pads[it.index] = region[off:]
+            outs[it.index], off = [], 0
+            for name, shape in it.out:
+                outs[it.index].append((name, region[off:off + _numel(shape)].view(shape)))
+                off += _numel(shape)
+        return views, outs, pads
 
     def _gather(self, item: PlanItem) -> list[torch.Tensor]:
         """HF tensors of one item from this TP group's shards (collective over the TP group unless replicated)."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MODES = ("engine", "server")
+WEIGHT_SYNC_LAYOUTS = ("auto", "hf", "engine")
 DEVICES = ("auto", "cpu", "cuda")
 # Our names (as in model.dtype) and SGLang's, both accepted; "auto" keeps the checkpoint's dtype.
 DTYPES = {"auto": "auto", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16",
@@ -81,6 +82,12 @@ class RolloutConfig:
     """Requests in flight at once; SGLang batches across them."""
     show_progress: bool = True
     """tqdm bar over requests when a generate() call has more than one."""
+    weight_sync_layout: str = "auto"
+    """Tensors a colocated weight sync (trainer.weight_sync=tensor) hands the engine. engine: SGLang's own
+    parameters (fused qkv_proj / gate_up_proj, padded vocabulary) copied as they are (load_format=direct; verified
+    for Llama / Mistral / Qwen2 / Qwen3, needs tp_size=1, an unquantized model and an engine we launch). hf: HF
+    names, mapped by SGLang's model.load_weights (any model, slower). auto: engine where supported, else hf (logged
+    once with the reason)."""
 
     # Sampling defaults; generate() takes per-call overrides. Samples per prompt: algorithm.n_samples_per_prompt.
     temperature: float = 1.0
@@ -130,6 +137,29 @@ class RolloutConfig:
                              "rollout.skip_tokenizer_init=false, or use rollout.stop_token_ids")
         if self.enable_memory_saver and self.device == "cpu":
             raise ValueError("rollout.enable_memory_saver=true needs CUDA (torch_memory_saver); set it false on CPU")
+        if self.weight_sync_layout not in WEIGHT_SYNC_LAYOUTS:
+            raise ValueError(f"rollout.weight_sync_layout must be one of {WEIGHT_SYNC_LAYOUTS}, got "
+                             f"{self.weight_sync_layout!r}")
+        if self.weight_sync_layout == "engine":
+            reason = self.engine_layout_blocker()
+            if reason is not None:
+                raise ValueError(f"rollout.weight_sync_layout=engine is not possible here: {reason}. Set "
+                                 "rollout.weight_sync_layout=auto (falls back to hf) or hf.")
         reserved = set(self.extra_args) & {"model_path", "skip_tokenizer_init", "device", "host", "port"}
         if reserved:
             raise ValueError(f"rollout.extra_args must not set {sorted(reserved)}: use the rollout.* fields")
+
+    def engine_layout_blocker(self) -> str | None:
+        """Why this engine cannot take weights in its own layout (None: it can). The model's side is checked by
+        the trainer (mcore_rl.bridge.engine_layout)."""
+        if self.tp_size != 1:
+            return f"rollout.tp_size={self.tp_size} (each engine rank would need its own shard; needs 1)"
+        for key in ("pp_size", "dp_size"):
+            if int(self.extra_args.get(key) or 1) != 1:
+                return f"rollout.extra_args.{key}={self.extra_args[key]} (needs 1)"
+        if self.extra_args.get("quantization"):
+            return f"rollout.extra_args.quantization={self.extra_args['quantization']!r} (needs an unquantized engine)"
+        if self.server_url is not None:
+            return ("rollout.server_url attaches to a server we did not launch, so it cannot list its parameters "
+                    "for the name check")
+        return None

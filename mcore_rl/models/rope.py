@@ -7,7 +7,11 @@ queries and keys of every layer: two device-to-host syncs per layer, which stop 
 of the GPU, plus a Python loop over the sequences of the pack. The frequencies it builds are, token by token,
 `freqs[position of the token in its sequence]` (or `freqs[token index]` when `freqs` covers the whole pack),
 so `apply_rotary_pos_emb` here gathers them with one index computed on the device (once per micro batch, cached)
-and applies Megatron's own bshd kernel to the pack. Same values, bit for bit (tests/models/test_rope.py).
+and applies the rotation to the whole pack at once. The cosines and sines are computed once per micro batch, not
+per layer, and on GPUs the rotation (split, rotate-half, two products, sum, concatenation: about ten kernels
+forward and as many backward, per tensor and layer) is one torch.compile'd kernel each way. Eager, it is
+Megatron's bshd formula op for op: same values bit for bit (tests/models/test_rope.py); compiled, it rounds once
+where eager rounds after each op (bf16).
 
 Everything else (no cu_seqlens, fused RoPE, context parallelism) goes to Megatron's function unchanged.
 `install()` points Megatron's attention module at this function; builder.build_model calls it.
@@ -15,11 +19,20 @@ Everything else (no cu_seqlens, fused RoPE, context parallelism) goes to Megatro
 
 from __future__ import annotations
 
+import os
+
 import torch
 from megatron.core.models.common.embeddings import rope_utils
 
+ENABLED = os.environ.get("MCORE_RL_PACKED_ROPE", "1") != "0"
+"""MCORE_RL_PACKED_ROPE=0 keeps Megatron's per-sequence path (for A/B measurements)."""
+
+COMPILE = os.environ.get("MCORE_RL_COMPILE_ROPE", "auto")
+"""on | off | auto (= for tensors on a GPU): torch.compile the rotation of packed micro batches."""
+
 _megatron_apply = rope_utils.apply_rotary_pos_emb
-_cache: dict = {"key": None, "freqs": None}
+_cache: dict = {"key": None, "value": None}
+_compiled = None
 
 
 def packed_positions(cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
@@ -30,29 +43,46 @@ def packed_positions(cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
     return idx - cu[seq]
 
 
-def _packed_freqs(freqs: torch.Tensor, cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    key = (cu_seqlens, freqs, num_tokens)
+def _packed_cos_sin(freqs, cu_seqlens, num_tokens: int, dtype, mscale: float):
+    """cos / sin of every packed token's frequencies ([t, 1, 1, rot_dim] in `dtype`), Megatron's rounding; one
+    entry cached: every layer of a micro batch asks for the same (queries and keys too)."""
+    key = (cu_seqlens, freqs, num_tokens, dtype, mscale)
     cached = _cache["key"]
-    if cached is not None and cached[0] is cu_seqlens and cached[1] is freqs and cached[2] == num_tokens:
-        return _cache["freqs"]
+    if cached is not None and cached[0] is cu_seqlens and cached[1] is freqs and cached[2:] == key[2:]:
+        return _cache["value"]
     if freqs.size(0) == num_tokens:  # freqs covers every position of the pack (Megatron's offset mapping)
         packed = freqs[:num_tokens]
     else:
         packed = freqs[packed_positions(cu_seqlens, num_tokens).to(freqs.device)]
-    _cache["key"], _cache["freqs"] = key, packed
-    return packed
+    value = ((torch.cos(packed) * mscale).to(dtype), (torch.sin(packed) * mscale).to(dtype))
+    _cache["key"], _cache["value"] = key, value
+    return value
+
+
+def _rotate(t, cos, sin, interleaved: bool):
+    """Megatron's `_apply_rotary_pos_emb_bshd` after its cos / sin (no multi-latent attention), op for op."""
+    rot_dim = cos.shape[-1]
+    x, x_pass = t[..., :rot_dim], t[..., rot_dim:]
+    x = (x * cos) + (rope_utils._rotate_half(x, interleaved) * sin)
+    return torch.cat((x, x_pass), dim=-1)
+
+
+def _rotate_fn(device: torch.device):
+    global _compiled
+    if COMPILE == "on" or (COMPILE == "auto" and device.type == "cuda"):
+        if _compiled is None:
+            _compiled = torch.compile(_rotate, dynamic=True)
+        return _compiled
+    return _rotate
 
 
 def apply_rotary_pos_emb(t, freqs, config, cu_seqlens=None, mscale: float = 1.0, cp_group=None):
     """Megatron's `apply_rotary_pos_emb` with the packed, unfused, single-context-rank case done in one call."""
-    if cu_seqlens is None or config.apply_rope_fusion or (cp_group is not None and cp_group.size() > 1) or \
-            (cp_group is None and _context_parallel_size() > 1):
+    if cu_seqlens is None or config.apply_rope_fusion or config.multi_latent_attention or \
+            (cp_group is not None and cp_group.size() > 1) or (cp_group is None and _context_parallel_size() > 1):
         return _megatron_apply(t, freqs, config, cu_seqlens=cu_seqlens, mscale=mscale, cp_group=cp_group)
-    packed = _packed_freqs(freqs, cu_seqlens, t.size(0))
-    return rope_utils._apply_rotary_pos_emb_bshd(
-        t.unsqueeze(1), packed, rotary_interleaved=config.rotary_interleaved,
-        multi_latent_attention=config.multi_latent_attention, mscale=mscale,
-    ).squeeze(1)
+    cos, sin = _packed_cos_sin(freqs, cu_seqlens, t.size(0), t.dtype, mscale)
+    return _rotate_fn(t.device)(t.unsqueeze(1), cos, sin, config.rotary_interleaved).squeeze(1)
 
 
 def _context_parallel_size() -> int:
@@ -62,7 +92,8 @@ def _context_parallel_size() -> int:
 
 
 def install() -> None:
-    """Make Megatron's attention layers call `apply_rotary_pos_emb` above (idempotent)."""
+    """Make Megatron's attention layers call `apply_rotary_pos_emb` above (idempotent; no-op when not ENABLED)."""
     from megatron.core.transformer import attention
 
-    attention.apply_rotary_pos_emb = apply_rotary_pos_emb
+    if ENABLED:
+        attention.apply_rotary_pos_emb = apply_rotary_pos_emb

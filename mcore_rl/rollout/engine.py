@@ -5,7 +5,7 @@ receiving HF-named weights from the trainer.
     batch = engine.generate(prompt_ids, n=cfg.algorithm.n_samples_per_prompt)   # RolloutBatch of Samples
     with engine.weight_update():                 # colocated: one sync = many buckets, one flush, version + 1
         for bucket in bridge.hf_buckets():       # list[tuple[str, Tensor]] of full HF-layout tensors
-            engine.update_bucket(bucket)
+            engine.update_bucket(bucket)         # layout="engine": SGLang's own parameters, copied as they are
     engine.shutdown()
 
 Disaggregated syncs go through `DistributedWeightSender` (weight_sync.py); a checkpoint folder through
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import uuid
@@ -97,6 +98,7 @@ class RolloutEngine:
         self._sync: _Sync | None = None
         self._stale: str | None = None  # why the weights are a mix of two versions, if they are
         self._released: set[str] = set()
+        self._engine_params: dict[str, tuple[int, ...]] | None = None  # engine_parameters(), once asked
         self.backend: Backend
         if cfg.mode == "server" and cfg.server_url:
             from mcore_rl.rollout.server import ServerBackend
@@ -201,18 +203,89 @@ class RolloutEngine:
         began = self.backend.call("begin a weight update", self.cfg.request_timeout_s, self.backend.begin_weight_update)
         self._sync = _Sync(began_session=bool(began))
 
-    def update_bucket(self, named_tensors: NamedTensors) -> None:
-        """Load one bucket of full HF-named tensors into the engine (colocated: the tensors are shared, not
-        copied through a socket). The caller may free the bucket after this returns."""
+    def update_bucket(self, named_tensors: NamedTensors, layout: str = "hf") -> None:
+        """Load one bucket of full tensors into the engine (colocated: the tensors are shared, not copied through a
+        socket). The caller may free the bucket after this returns.
+
+        layout "hf": HF names and shapes, mapped by SGLang's model.load_weights. "engine": the engine's own
+        parameter names and shapes (bridge.engine_layout), copied as they are: views of a bucket's flat buffers go
+        as one buffer per dtype (engine_params.load_flat), other tensors one by one (load_format="direct"). Every
+        name and shape is checked against engine_parameters() first, since SGLang's scheduler dies on an unknown
+        one."""
         sync = self._require_sync("update_bucket")
         named_tensors = list(named_tensors)
         if not named_tensors:
             return
+        count = len(named_tensors)
+        if layout == "engine":
+            from mcore_rl.rollout.engine_params import FLAT, check_names, pack_flat
+
+            check_names({n: tuple(t.shape) for n, t in named_tensors}, self.engine_parameters(), "a weight bucket",
+                        complete=False)
+            packed = pack_flat(named_tensors)  # a bridge bucket: one shared buffer per dtype instead of per tensor
+            named_tensors, load_format = (named_tensors, "direct") if packed is None else (packed, FLAT)
+        elif layout == "hf":
+            load_format = None
+        else:
+            raise ValueError(f"layout must be hf or engine, got {layout!r}")
         with self._failing_sync():
             check_result(self.backend.call("update weights from tensors", self.cfg.request_timeout_s,
-                                           self.backend.update_weights_from_tensor, named_tensors, flush_cache=False),
+                                           self.backend.update_weights_from_tensor, named_tensors, flush_cache=False,
+                                           load_format=load_format),
                          "update weights from tensors")
-        sync.num_tensors += len(named_tensors)
+        sync.num_tensors += count
+
+    def engine_parameters(self) -> dict[str, tuple[int, ...]]:
+        """The engine's own parameters, name -> shape (asked once, then cached): what a sync in the engine layout
+        must send. Needs an engine we launched with rollout.weight_sync_layout other than hf."""
+        if self._engine_params is None:
+            from mcore_rl.rollout.engine_params import DESCRIBE
+
+            table = self._ask_engine(DESCRIBE, "list the engine's parameters", _read_json)
+            self._engine_params = {name: tuple(shape) for name, (shape, _) in table.items()}
+        return self._engine_params
+
+    def save_parameters(self) -> dict[str, Any]:
+        """A CPU copy of every engine parameter, name -> tensor (reads the engine's weights back; for tests)."""
+        import torch
+
+        from mcore_rl.rollout.engine_params import SAVE
+
+        return self._ask_engine(SAVE, "save the engine's parameters", lambda path: torch.load(path))
+
+    def engine_layout_blocker(self) -> str | None:
+        """Why this engine cannot take weights in its own layout (None: it can)."""
+        if self.cfg.weight_sync_layout == "hf":
+            return "rollout.weight_sync_layout=hf (the engine was started without the parameter-listing loader)"
+        return self.cfg.engine_layout_blocker()
+
+    def _ask_engine(self, loader: str, doing: str, read):
+        """Run one of engine_params' loaders in the engine's scheduler; it writes to a file of this host that we
+        read back. Inside an open sync, or in an SGLang update session of its own (no flush, no version bump)."""
+        import shutil
+        import tempfile
+
+        import torch
+
+        reason = self.engine_layout_blocker()
+        if reason is not None:
+            raise ValueError(f"cannot {doing}: {reason}")
+        folder = tempfile.mkdtemp(prefix="mcore_rl_engine_")
+        path = os.path.join(folder, "out")
+        own_session = self._sync is None and self.backend.call("begin a weight update", self.cfg.request_timeout_s,
+                                                                self.backend.begin_weight_update)
+        try:
+            check_result(self.backend.call(doing, self.cfg.request_timeout_s, self.backend.update_weights_from_tensor,
+                                           [(path, torch.zeros(1))], flush_cache=False, load_format=loader), doing)
+            if not os.path.isfile(path):
+                raise RolloutEngineError(f"SGLang accepted the call to {doing} but wrote no {path}: is the engine on "
+                                         "another host?")
+            return read(path)
+        finally:
+            if own_session:
+                check_result(self.backend.call("end a weight update", self.cfg.request_timeout_s,
+                                               self.backend.end_weight_update), "end a weight update")
+            shutil.rmtree(folder, ignore_errors=True)
 
     def end_update(self, flush_cache: bool = True) -> int:
         """Close the sync: SGLang's end_weight_update (0.5.23), one cache flush, weight_version + 1; return it."""
@@ -353,6 +426,11 @@ class RolloutEngine:
                 self.backend.call("end a weight update", self.cfg.request_timeout_s, self.backend.end_weight_update)
             except Exception as e:  # the original error matters more
                 logger.warning("closing SGLang's weight-update session after a failed sync: %s", e)
+
+
+def _read_json(path: str):
+    with open(path) as f:
+        return json.load(f)
 
 
 def _to_sample(out: dict, prompt: Sequence[int], group_id: int, meta: dict | None, prompt_text: str) -> Sample:

@@ -210,8 +210,9 @@ class InProcessBackend(Backend):
     def end_weight_update(self):
         return self._engine.end_weight_update()
 
-    def update_weights_from_tensor(self, named_tensors, flush_cache: bool):
-        return self._engine.update_weights_from_tensor(named_tensors=named_tensors, flush_cache=flush_cache)
+    def update_weights_from_tensor(self, named_tensors, flush_cache: bool, load_format: str | None = None):
+        return self._engine.update_weights_from_tensor(named_tensors=named_tensors, flush_cache=flush_cache,
+                                                       load_format=load_format)
 
     def init_weights_update_group(self, **kwargs):
         return self._engine.init_weights_update_group(**kwargs)

@@ -231,12 +231,12 @@ class ServerBackend(Backend):
     def end_weight_update(self):
         return self.post("/end_weight_update", {})
 
-    def update_weights_from_tensor(self, named_tensors, flush_cache: bool):
+    def update_weights_from_tensor(self, named_tensors, flush_cache: bool, load_format: str | None = None):
         from mcore_rl.rollout.weight_sync import serialize_for_http
 
         payload = serialize_for_http(named_tensors)  # every TP rank gets the full tensors and takes its shard
         return self.post("/update_weights_from_tensor", {"serialized_named_tensors": [payload] * self.tp_size,
-                                                         "flush_cache": flush_cache})
+                                                         "flush_cache": flush_cache, "load_format": load_format})
 
     def init_weights_update_group(self, **kwargs):
         return self.post("/init_weights_update_group", kwargs)

@@ -48,6 +48,11 @@ def server_args(cfg: RolloutConfig, model_path: str) -> dict[str, Any]:
         value = getattr(cfg, name)
         args[name] = cpu_value if value is None and device == "cpu" else value
     args.update(cfg.extra_args)
+    if cfg.weight_sync_layout != "hf":
+        # The loaders that list (and, for tests, save) the engine's parameters: the engine layout's name check.
+        from mcore_rl.rollout.engine_params import LOADERS
+
+        args["custom_weight_loader"] = [*(args.get("custom_weight_loader") or []), *LOADERS]
     return {k: v for k, v in args.items() if v is not None}
 
 

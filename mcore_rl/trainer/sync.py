@@ -8,30 +8,111 @@ hands them on:
 * tensor: update_weights_from_tensor per bucket, inside one begin/end (one cache flush, version + 1);
 * distributed: update_weights_from_distributed, the buckets broadcast over a trainer-engine process group;
 * disk: the export is written as an HF folder and the engine reloads it (the slow fallback).
+
+Tensor syncs hand the engine either HF tensors (layout "hf", mapped by SGLang's model.load_weights) or the
+engine's own parameters (layout "engine", bridge.engine_layout: fused q/k/v and gate/up as views of the export's
+buffers, copied into the engine's parameters as they are; docs/rollout.md). rollout.weight_sync_layout picks: auto = engine
+where supported, else hf with one log line saying why. The choice is made once, at the first sync, on rank 0 (it
+owns the engine) and sent to every rank, since the ranks that gather and send must pack buckets alike; it includes
+checking the names and shapes to send against the running engine's parameters.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch.distributed as dist
 
 from mcore_rl.bridge import HFWeightExporter
 
+logger = logging.getLogger(__name__)
+
+
+def layout_blockers(mode: str, hf: dict, rollout) -> list[str]:
+    """Why the engine layout cannot be used (empty: it can). rollout: the RolloutEngine (rank 0)."""
+    from mcore_rl.bridge.engine_layout import unsupported_reason
+
+    reasons = []
+    if mode != "tensor":
+        reasons.append(f"trainer.weight_sync={mode} (the engine layout is for colocated tensor syncs)")
+    for reason in (unsupported_reason(hf), rollout.engine_layout_blocker()):
+        if reason is not None:
+            reasons.append(reason)
+    return reasons
+
+
+def choose_layout(requested: str, blockers: list[str]) -> str:
+    """hf | engine for rollout.weight_sync_layout=`requested`; ValueError when engine is forced but blocked."""
+    if requested == "hf":
+        return "hf"
+    if not blockers:
+        return "engine"
+    if requested == "engine":
+        raise ValueError(f"rollout.weight_sync_layout=engine is not possible: {'; '.join(blockers)}. Set "
+                         "rollout.weight_sync_layout=auto (falls back to hf) or hf.")
+    logger.info("weight sync: HF layout (SGLang maps the names), since %s", "; ".join(blockers))
+    return "hf"
+
 
 class WeightSync:
     def __init__(self, actor_chunks, hf: dict, mode: str, bucket_bytes: int, rollout, scratch_dir: str,
-                 model_path: str):
+                 model_path: str, layout: str | None = None):
+        """layout: auto | hf | engine; None reads rollout.weight_sync_layout (rank 0's config decides)."""
         self.mode = mode
         self.model_path = model_path  # config and tokenizer files for the disk path
         self.rollout = rollout  # RolloutEngine on global rank 0, None elsewhere
-        self.exporter = HFWeightExporter(actor_chunks, hf, bucket_bytes=bucket_bytes, destination=0)
+        self.actor_chunks, self.hf, self.bucket_bytes = actor_chunks, hf, bucket_bytes
+        self.requested_layout = layout
+        self.layout: str | None = None  # hf | engine, once chosen (first sync)
+        self.exporter: HFWeightExporter | None = None
         self.scratch_dir = scratch_dir
         self._sender = None
         self.last_bytes = 0
 
+    def _setup(self) -> None:
+        """Choose the layout (rank 0) and build the export plan: collective, once."""
+        rank0 = dist.get_rank() == 0
+        requested = (self.requested_layout or self.rollout.cfg.weight_sync_layout) if rank0 else None
+        choice = None
+        if rank0:
+            try:
+                choice = choose_layout(requested, layout_blockers(self.mode, self.hf, self.rollout))
+            except Exception as e:  # every rank must hear of it, or the others wait in the next collective
+                choice = e
+        layout = from_rank0(choice)
+        self.exporter = self._exporter(layout)
+        if layout == "engine":
+            verdict = None
+            if rank0:
+                from mcore_rl.rollout.engine_params import check_names
+
+                try:
+                    check_names({n: s for n, s, _ in self.exporter.tensor_specs()}, self.rollout.engine_parameters(),
+                                "the engine-layout export")
+                except ValueError as e:
+                    verdict = e if requested == "engine" else "hf"
+                    if verdict == "hf":
+                        logger.warning("weight sync: HF layout, since %s", e)
+                except Exception as e:
+                    verdict = e
+            if from_rank0(verdict) == "hf":
+                layout = "hf"
+                self.exporter = self._exporter(layout)
+            elif rank0:
+                logger.info("weight sync: engine layout (SGLang's own parameters, copied as they are)")
+        self.layout = layout
+
+    def _exporter(self, layout: str) -> HFWeightExporter:
+        exporter = HFWeightExporter(self.actor_chunks, self.hf, bucket_bytes=self.bucket_bytes, destination=0,
+                                    layout=layout)
+        exporter.plan()  # collective: every rank builds it here, together
+        return exporter
+
     def sync(self) -> int:
         """Push the actor's current weights; returns the engine's new weight version (0 off rank 0)."""
+        if self.exporter is None:
+            self._setup()
         rank = dist.get_rank()
         if self.mode == "disk":
             return self._sync_disk()
@@ -50,7 +131,7 @@ class WeightSync:
                 named = list(bucket)
                 nbytes += sum(t.numel() * t.element_size() for _, t in named)
                 if self.mode == "tensor":
-                    self.rollout.update_bucket(named)
+                    self.rollout.update_bucket(named, layout=bucket.layout)
                 else:
                     self._sender.send_bucket(named)
         except BaseException as e:
@@ -71,3 +152,13 @@ class WeightSync:
         if self._sender is not None:
             self._sender.close()
             self._sender = None
+
+
+def from_rank0(value):
+    """Rank 0's value on every rank; an exception there is raised everywhere (no rank is left waiting)."""
+    box = [value]
+    if dist.get_world_size() > 1:
+        dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return box[0]

@@ -1,0 +1,67 @@
+"""SGLang's own parameter names and layout for the Llama-family decoders, so a weight sync can hand the engine
+tensors it copies as they are (`load_format="direct"`: one copy per engine parameter, no name mapping). Pure.
+
+The "engine" sync layout differs from the HF layout in three ways, each read from SGLang 0.5.17's sources:
+* q, k, v of a layer are one parameter `self_attn.qkv_proj.{weight,bias}` = rows [q; k; v]
+  (models/qwen2.py, llama.py, qwen3.py build QKVParallelLinear; layers/linear.py
+  QKVParallelLinear._get_shard_offset_mapping puts q at 0, k at num_heads*head_dim, v after k, at TP=1);
+* gate and up are one parameter `mlp.gate_up_proj.weight` = rows [gate; up] (MergedColumnParallelLinear with
+  output_sizes [ffn, ffn]; shard i at sum(output_sizes[:i]));
+* the embedding and the untied output layer have the vocabulary padded with zero rows to a multiple of 64
+  (layers/vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE; its weight_loader zero-fills the padding).
+Everything else keeps its HF name and shape. With tie_word_embeddings SGLang sets `lm_head = model.embed_tokens`
+(pipeline size 1), so named_parameters() has no lm_head.weight; the bridge never exports a tied output layer.
+
+The exporter packs q, k, v (and gate, up) of one Megatron parameter back to back in a bucket's flat buffer, so
+each fused engine tensor is a view over that region: no extra copy. Valid only for an engine at TP=1 and
+pipeline size 1 (each rank would otherwise need its own shard) and unquantized weights; the rollout side checks
+the names and shapes against the running engine before the first sync.
+"""
+
+from __future__ import annotations
+
+from mcore_rl.bridge.maps import Dims, Entry, Kind
+from mcore_rl.models.arch import resolve_arch
+
+# Architectures whose SGLang model classes were read for the layout above (the names bridge.maps uses).
+ENGINE_LAYOUT_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+VOCAB_PADDING = 64  # SGLang's DEFAULT_VOCAB_PADDING_SIZE, at TP=1
+
+_FUSED = {Kind.QKV: ("q_proj", "qkv_proj"), Kind.GATE_UP: ("gate_proj", "gate_up_proj")}
+
+
+def unsupported_reason(hf: dict) -> str | None:
+    """Why this checkpoint cannot be synced in the engine layout (None: it can)."""
+    quant = hf.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
+        return f"the checkpoint is quantized (quantization_config.quant_method={method!r})"
+    try:
+        arch = resolve_arch(hf).name
+    except ValueError as e:
+        return str(e)
+    if arch not in ENGINE_LAYOUT_ARCHS:
+        return (f"SGLang's parameter layout of architecture {arch!r} has not been verified (verified: "
+                f"{', '.join(ENGINE_LAYOUT_ARCHS)})")
+    return None
+
+
+def padded_vocab(vocab: int) -> int:
+    return -(-vocab // VOCAB_PADDING) * VOCAB_PADDING
+
+
+def engine_tensors(entry: Entry, dims: Dims) -> list[tuple[str, tuple[int, ...]]]:
+    """(engine name, engine shape) of the tensors one bridge entry becomes. Their elements, in order, are the
+    entry's HF tensors back to back (in the entry's HF order) followed by zero padding, if any."""
+    shapes = entry.hf_shapes(dims)
+    if entry.kind in _FUSED:
+        part, fused = _FUSED[entry.kind]
+        name = entry.hf[0]
+        assert f".{part}." in name, name
+        rest = shapes[0][1:]
+        assert all(s[1:] == rest for s in shapes), shapes
+        return [(name.replace(f".{part}.", f".{fused}."), (sum(s[0] for s in shapes), *rest))]
+    if entry.kind == Kind.VOCAB:
+        (rows, *rest), = shapes
+        return [(entry.hf[0], (padded_vocab(rows), *rest))]
+    return list(zip(entry.hf, shapes))

@@ -1,0 +1,96 @@
+"""Worker (one process, world size 1): the same perturbed Megatron actor synced into real SGLang in the engine
+layout and in the HF layout must leave bit-identical engine parameters.
+
+    python tests/rollout/sync_layout_worker.py OUT MODEL [MODEL ...]
+
+Per model: start an engine on the checkpoint, read its parameters back (S0); check that a bucket with an HF name
+in the engine layout is refused before it reaches SGLang; perturb every actor parameter; sync (engine layout,
+buckets as flat buffers) -> E; reload the checkpoint from disk; sync (HF layout) -> H; reload; the engine layout
+again as separate tensors (SGLang's load_format="direct") -> D. Writes OUT/result.json with, per model, whether
+E == H == D bit for bit, whether every parameter changed (E != S0), the layouts that ran and the names.
+"""
+
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def check_model(model: str, scratch: str) -> dict:
+    from mcore_rl.bridge import load_hf_weights
+    from mcore_rl.config.model import ModelConfig
+    from mcore_rl.config.parallel import ParallelConfig
+    from mcore_rl.config.rollout import RolloutConfig
+    from mcore_rl.engine import TrainEngine
+    from mcore_rl.models.arch import load_hf_config
+    from mcore_rl.parallel import initialize
+    from mcore_rl.rollout.engine import RolloutEngine
+    from mcore_rl.trainer.sync import WeightSync
+
+    hf = load_hf_config(model)
+    parallel = ParallelConfig()
+    initialize(parallel, hf)
+    actor = TrainEngine(hf, ModelConfig(dtype="fp32", max_seq_len=256), parallel, None)
+    load_hf_weights(actor.model_chunks, model, hf)
+    out: dict = {}
+    rollout = RolloutEngine(RolloutConfig(device="cpu", dtype="fp32", max_total_tokens=1024, show_progress=False,
+                                          log_level="error"), model)
+    try:
+        s0 = rollout.save_parameters()
+        try:  # an HF name in the engine layout: refused here, the engine stays up
+            with rollout.weight_update():
+                rollout.update_bucket([("model.layers.0.self_attn.q_proj.weight", torch.zeros(64, 64))],
+                                      layout="engine")
+        except ValueError as e:
+            out["bad_name_error"] = str(e)
+        out["alive_after_bad_name"] = rollout.alive
+
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for chunk in actor.model_chunks:
+                for p in chunk.parameters():
+                    p.add_(torch.randn(p.shape, generator=g).to(p.dtype) * 0.02)
+        engine_sync = WeightSync(actor.model_chunks, hf, "tensor", 1 << 16, rollout, scratch, model, layout="engine")
+        engine_sync.sync()
+        e = rollout.save_parameters()
+        rollout.update_weights_from_disk(model)
+        reloaded = rollout.save_parameters()
+        hf_sync = WeightSync(actor.model_chunks, hf, "tensor", 1 << 16, rollout, scratch, model, layout="hf")
+        hf_sync.sync()
+        h = rollout.save_parameters()
+        rollout.update_weights_from_disk(model)  # engine layout again, as separate tensors (load_format="direct")
+        with rollout.weight_update():
+            for bucket in engine_sync.exporter:
+                rollout.update_bucket([(n, t.clone()) for n, t in bucket], layout="engine")
+        d = rollout.save_parameters()
+        out.update(
+            layouts=[engine_sync.layout, hf_sync.layout],
+            num_buckets=len(engine_sync.exporter.plan()),
+            names=sorted(e),
+            same_names=sorted(e) == sorted(h) == sorted(s0),
+            engine_equals_hf=[n for n in e if not torch.equal(e[n], h[n])] == [],
+            direct_equals_hf=[n for n in d if not torch.equal(d[n], h[n])] == [],
+            unchanged_by_sync=[n for n in e if torch.equal(e[n], s0[n])],
+            reload_restored=all(torch.equal(reloaded[n], s0[n]) for n in s0),
+            embed_shape=list(e["model.embed_tokens.weight"].shape),
+            embed_padding_zero=bool((e["model.embed_tokens.weight"][hf["vocab_size"]:] == 0).all()),
+            version=rollout.weight_version,
+        )
+    finally:
+        rollout.shutdown()
+    return out
+
+
+if __name__ == "__main__":
+    from mcore_rl.parallel import destroy
+
+    out_dir, models = sys.argv[1], sys.argv[2:]
+    results = {}
+    for m in models:
+        results[os.path.basename(m)] = check_model(m, os.path.join(out_dir, "scratch"))
+        destroy()
+    with open(os.path.join(out_dir, "result.json"), "w") as f:
+        json.dump(results, f, indent=1)

@@ -1,0 +1,46 @@
+"""Engine sync layout vs HF sync layout on the real SGLang engine (CPU, fp32): after the same perturbed actor is
+synced each way (engine layout: buckets as flat buffers through our loader, and tensor by tensor through SGLang's
+load_format="direct"), every engine parameter is bit-identical (each ends in one copy of the same fp32 values),
+and the sync changed every parameter. Qwen2 with untied embeddings (vocab 512) and with tied embeddings and vocab 500,
+whose embedding SGLang pads to 512 rows (zeros). Runs in a subprocess (Megatron + one engine per model, ~1 min).
+Pure parts (names, messages, fallback): tests/bridge/test_engine_layout.py.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mcore_rl.testing import make_tiny_hf_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow
+
+
+def test_engine_layout_equals_hf_layout(tmp_path):
+    untied = make_tiny_hf_model(tmp_path / "untied", arch="qwen2", seed=0)
+    tied = make_tiny_hf_model(tmp_path / "tied", arch="qwen2", tied=True, vocab_size=500, seed=1)
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "rollout" / "sync_layout_worker.py"), str(tmp_path),
+                           str(untied), str(tied)], cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+    results = json.loads((tmp_path / "result.json").read_text())
+    for name, r in results.items():
+        assert r["layouts"] == ["engine", "hf"], (name, r["layouts"])
+        assert r["num_buckets"] > 3, name  # 64 KiB buckets: several calls, fused tensors across bucket cuts
+        assert r["same_names"] and r["engine_equals_hf"] and r["direct_equals_hf"], (name, r)
+        assert r["unchanged_by_sync"] == [], (name, r["unchanged_by_sync"])  # not a no-op
+        assert r["reload_restored"], name
+        assert r["version"] == 5, name  # engine, disk, hf, disk, engine (the refused bucket bumps nothing)
+        assert "not engine parameters: model.layers.0.self_attn.q_proj.weight" in r["bad_name_error"], r
+        assert r["alive_after_bad_name"], name
+        assert "model.layers.3.self_attn.qkv_proj.weight" in r["names"]
+        assert "model.layers.3.mlp.gate_up_proj.weight" in r["names"]
+    assert "lm_head.weight" in results["untied"]["names"]
+    assert "lm_head.weight" not in results["tied"]["names"]  # SGLang ties lm_head to embed_tokens
+    assert results["untied"]["embed_shape"] == [512, 64]
+    assert results["tied"]["embed_shape"] == [512, 64] and results["tied"]["embed_padding_zero"]
