@@ -8,9 +8,9 @@ of the GPU, plus a Python loop over the sequences of the pack. The frequencies i
 `freqs[position of the token in its sequence]` (or `freqs[token index]` when `freqs` covers the whole pack),
 so `apply_rotary_pos_emb` here gathers them with one index computed on the device (once per micro batch, cached)
 and applies the rotation to the whole pack at once. The cosines and sines are computed once per micro batch, not
-per layer, and on GPUs the rotation (split, rotate-half, two products, sum, concatenation: about ten kernels
-forward and as many backward, per tensor and layer) is one torch.compile'd kernel each way. Eager, it is
-Megatron's bshd formula op for op: same values bit for bit (tests/models/test_rope.py); compiled, it rounds once
+per layer. The rotation itself (split, rotate-half, two products, sum, concatenation: about ten kernels forward
+and as many backward, per tensor and layer) can be one torch.compile'd kernel each way (COMPILE below). Eager,
+it is Megatron's bshd formula op for op: same values bit for bit (tests/models/test_rope.py); compiled, it rounds once
 where eager rounds after each op (bf16).
 
 Everything else (no cu_seqlens, fused RoPE, context parallelism) goes to Megatron's function unchanged.
@@ -27,8 +27,10 @@ from megatron.core.models.common.embeddings import rope_utils
 ENABLED = os.environ.get("MCORE_RL_PACKED_ROPE", "1") != "0"
 """MCORE_RL_PACKED_ROPE=0 keeps Megatron's per-sequence path (for A/B measurements)."""
 
-COMPILE = os.environ.get("MCORE_RL_COMPILE_ROPE", "auto")
-"""on | off | auto (= for tensors on a GPU): torch.compile the rotation of packed micro batches."""
+COMPILE = os.environ.get("MCORE_RL_COMPILE_ROPE", "off")
+"""on | off | auto (= for tensors on a GPU): torch.compile the rotation of packed micro batches. Off by default:
+on the H200 the compiled rotation made the 0.5B step slower (34.2% against 38-40% MFU eager; 1.5B: 55.3%
+against 54.4%), for reasons not yet profiled (docs/performance.md)."""
 
 _megatron_apply = rope_utils.apply_rotary_pos_emb
 _cache: dict = {"key": None, "value": None}

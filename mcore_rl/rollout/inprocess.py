@@ -47,7 +47,9 @@ def _zmq_contexts() -> list:
 
     import zmq
 
-    return [o for o in gc.get_objects() if isinstance(o, zmq.Context)]
+    # type(), not isinstance(): isinstance reads __class__ through weakref proxies, which raises ReferenceError for
+    # a proxy whose object is gone (torch.compile leaves such proxies among the tracked objects).
+    return [o for o in gc.get_objects() if issubclass(type(o), zmq.Context)]
 
 
 def _close_zmq_contexts(contexts) -> None:

@@ -11,8 +11,8 @@ hands them on:
 
 Tensor syncs hand the engine either HF tensors (layout "hf", mapped by SGLang's model.load_weights) or the
 engine's own parameters (layout "engine", bridge.engine_layout: fused q/k/v and gate/up as views of the export's
-buffers, copied into the engine's parameters as they are; docs/rollout.md). rollout.weight_sync_layout picks: auto = engine
-where supported, else hf with one log line saying why. The choice is made once, at the first sync, on rank 0 (it
+buffers, copied into the engine's parameters as they are; docs/rollout.md). rollout.weight_sync_layout picks:
+auto = engine where supported, else hf with one log line saying why. The choice is made once, at the first sync, on rank 0 (it
 owns the engine) and sent to every rank, since the ranks that gather and send must pack buckets alike; it includes
 checking the names and shapes to send against the running engine's parameters.
 """

@@ -4,8 +4,9 @@ Unit checks of the foreach replacements against independent formulas, then fast_
 launch, DP=2) against Megatron's optimizer as shipped. Tolerances: the fused Adam kernel and the foreach path
 evaluate the same fp32 formula in another order (~1 ulp per update), so after three steps of size ~lr = 1e-3
 the weights (fp32) and the fp32 master weights (bf16 run) agree to 1e-6 absolute; the bf16 weights to one
-bf16 rounding step of each tensor's scale (a 1-ulp master-weight difference can flip a rounding); losses of the first step are equal (same weights), later ones
-within 1e-5 relative; a skipped or wrong update would move weights by ~1e-3.
+bf16 rounding step of each tensor's scale (a 1-ulp master-weight difference can flip a rounding); losses of
+the first step are equal (same weights), later ones within 1e-5 relative; a skipped or wrong update would move
+weights by ~1e-3.
 """
 
 import json

@@ -31,7 +31,7 @@ if __name__ == "__main__":
     try:
         m = trainer.step(1)
         gc.collect()
-        params = [o for o in gc.get_objects() if isinstance(o, torch.nn.Parameter)]
+        params = [o for o in gc.get_objects() if issubclass(type(o), torch.nn.Parameter)]
         trainable = {id(p): p for p in params if p.requires_grad}
         actor = {id(p): p for c in trainer.actor.model_chunks for p in c.parameters()}
         ref = [p for c in trainer.ref.model_chunks for p in c.parameters()]
