@@ -15,21 +15,10 @@ import argparse
 import json
 import os
 import statistics
-import time
 
 import torch
 
-
-def _sync():
-    torch.cuda.synchronize()
-
-
-def _timed(fn):
-    _sync()
-    t = time.perf_counter()
-    fn()
-    _sync()
-    return time.perf_counter() - t
+from mcore_rl.bench.common import sync, timed
 
 
 def _table(prof, rows=30) -> str:
@@ -129,7 +118,7 @@ def check_paths(device) -> dict:
         step()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
-        out[f"logprobs.16k_rows.{mode}.fwd_bwd_s"] = statistics.median(_timed(step) for _ in range(5))
+        out[f"logprobs.16k_rows.{mode}.fwd_bwd_s"] = statistics.median(timed(step)[0] for _ in range(5))
         out[f"logprobs.16k_rows.{mode}.peak_extra_gib"] = (torch.cuda.max_memory_allocated() - before) / 2**30
     lp.FUSED = "auto"
     del x
@@ -198,14 +187,14 @@ def main() -> None:
             our_step(), raw_step()
         t_ours, t_raw = [], []
         for _ in range(args.iters):
-            t_ours.append(_timed(our_step))
-            t_raw.append(_timed(raw_step))
+            t_ours.append(timed(our_step)[0])
+            t_raw.append(timed(raw_step)[0])
         raw_times += t_raw
         mo, mr = statistics.median(t_ours), statistics.median(t_raw)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             our_step()
-            _sync()
-        wall = _timed(our_step)
+            sync()
+        wall = timed(our_step)[0]
         result[f"{variant}.step_s"] = mo
         result[f"{variant}.raw_step_s"] = mr
         result[f"{variant}.ratio_vs_raw"] = mr / mo
@@ -217,7 +206,7 @@ def main() -> None:
         print(tables[-1], flush=True)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         raw_step()
-        _sync()
+        sync()
     result["raw.step_s"] = statistics.median(raw_times)
     result["raw.mfu"] = args.tokens * fpt / result["raw.step_s"] / 772e12
     result["raw.profiled_device_busy_s"] = _device_busy_s(prof)

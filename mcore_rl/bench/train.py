@@ -10,9 +10,10 @@ s sequence length), against `peak_tflops` (772 for an H200's bf16 matmul, measur
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
+
+from mcore_rl.bench.common import timed
 
 QWEN2_5_0_5B = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=896, intermediate_size=4864,
                     num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
@@ -33,11 +34,6 @@ def flops_per_token(hf: dict, seq_len: int) -> float:
     mlp = 3 * h * hf["intermediate_size"]
     n = L * (attn + mlp) + h * v  # the LM head matmul counts; the embedding lookup does not
     return 6 * n + 12 * L * h * seq_len
-
-
-def _sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def _seqs(lengths, vocab, seed):
@@ -126,19 +122,12 @@ def run(model: str = "qwen2.5-0.5b", seq_len: int = 2048, tokens_per_step: int =
     def raw_step():
         raw.step(ids)
 
-    def timed(fn):
-        _sync()
-        t = time.perf_counter()
-        fn()
-        _sync()
-        return time.perf_counter() - t
-
     for _ in range(warmup):
         our_step(), raw_step()
     t_ours, t_raw = [], []
     for _ in range(iters):  # interleaved
-        t_ours.append(timed(our_step))
-        t_raw.append(timed(raw_step))
+        t_ours.append(timed(our_step)[0])
+        t_raw.append(timed(raw_step)[0])
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     med_ours, med_raw = statistics.median(t_ours), statistics.median(t_raw)
@@ -171,8 +160,8 @@ def run(model: str = "qwen2.5-0.5b", seq_len: int = 2048, tokens_per_step: int =
             ours.train_step(packed, _pg_loss(vt)), ours.train_step(padded, _pg_loss(vt))
         tp, tq = [], []
         for _ in range(iters):
-            tp.append(timed(lambda: ours.train_step(packed, _pg_loss(vt))))
-            tq.append(timed(lambda: ours.train_step(padded, _pg_loss(vt))))
+            tp.append(timed(lambda: ours.train_step(packed, _pg_loss(vt)))[0])
+            tq.append(timed(lambda: ours.train_step(padded, _pg_loss(vt)))[0])
         result.update({"train.var_num_seqs": len(lengths), "train.packed_tokens_per_s": total / statistics.median(tp),
                        "train.padded_tokens_per_s": total / statistics.median(tq),
                        "train.packed_vs_padded": statistics.median(tq) / statistics.median(tp)})

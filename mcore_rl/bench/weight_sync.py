@@ -56,7 +56,8 @@ _KEYS = ("seconds", "copy_seconds", "gb_per_s", "ratio_vs_copy", "export_seconds
 def run(engine, actor_chunks, hf: dict, bucket_bytes: int, repeats: int = 3, warmup: int = 1,
         layout: str = "auto") -> dict:
     """engine: the RolloutEngine on global rank 0, None on the other ranks."""
-    from mcore_rl.trainer.sync import choose_layout, from_rank0, layout_blockers
+    from mcore_rl.parallel.runtime import from_rank0
+    from mcore_rl.trainer.sync import choose_layout, layout_blockers
 
     if layout not in SYNC_LAYOUTS:
         raise ValueError(f"layout must be one of {SYNC_LAYOUTS}, got {layout!r}")

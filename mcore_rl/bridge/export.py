@@ -107,6 +107,15 @@ class Bucket:
         return sum(t.numel() * t.element_size() for t in self.flat.values())
 
 
+def _carve(region: torch.Tensor, shapes) -> tuple[list[torch.Tensor], int]:
+    """Consecutive views of `region` with these shapes, and how many elements they use."""
+    views, off = [], 0
+    for shape in shapes:
+        views.append(region[off:off + _numel(shape)].view(shape))
+        off += _numel(shape)
+    return views, off
+
+
 def _numel(shape) -> int:
     n = 1
     for s in shape:
@@ -301,16 +310,11 @@ class HFWeightExporter:
         for it in bp.items:
             region = flat[it.dtype][offsets[it.dtype]:offsets[it.dtype] + it.numel]
             offsets[it.dtype] += it.numel
-            views[it.index], off = [], 0
-            for shape in it.shapes:
-                views[it.index].append(region[off:off + _numel(shape)].view(shape))
-                off += _numel(shape)
-            if off < it.numel:
-                pads[it.index] = region[off:]
-            outs[it.index], off = [], 0
-            for name, shape in it.out:
-                outs[it.index].append((name, region[off:off + _numel(shape)].view(shape)))
-                off += _numel(shape)
+            views[it.index], used = _carve(region, it.shapes)
+            if used < it.numel:
+                pads[it.index] = region[used:]
+            names, shapes = zip(*it.out)
+            outs[it.index] = list(zip(names, _carve(region, shapes)[0]))
         return views, outs, pads
 
     def _gather(self, item: PlanItem) -> list[torch.Tensor]:

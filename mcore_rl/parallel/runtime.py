@@ -101,6 +101,17 @@ def rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
+def from_rank0(value):
+    """Rank 0's `value` on every rank (pickled; `value` on the other ranks is ignored). An exception there is raised
+    on every rank, so no rank is left waiting in the next collective. `value` itself without torch.distributed."""
+    box = [value]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return box[0]
+
+
 def barrier() -> None:
     """dist.barrier() when torch.distributed is up; nothing otherwise."""
     if dist.is_initialized():

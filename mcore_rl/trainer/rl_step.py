@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from mcore_rl import algorithms as alg
 from mcore_rl.config.rl import ActorConfig, AlgorithmConfig
+from mcore_rl.parallel.runtime import from_rank0
 from mcore_rl.trainer.batch import response_mask, rollout_logprobs, sequences, shard, split_even
 from mcore_rl.trainer.batch import to_response_space, to_token_space
 from mcore_rl.trainer.losses import PeakMetrics, actor_loss_fn, count
@@ -85,7 +86,7 @@ def generate(ctx: StepContext, rollout, rewards, prompts, n: int, first_group_id
             s.response_text = ctx.tokenizer.decode(s.response_ids, skip_special_tokens=True)
         scored = rewards.score(batch.samples)
         payload = [batch.samples, scored]
-    samples, rollout_metrics = broadcast(payload)
+    samples, rollout_metrics = from_rank0(payload)
     m.update(rollout_metrics)
     m["timing/rollout_s"] = time.perf_counter() - t0
     num_gen = sum(len(s.response_ids) for s in samples)
@@ -235,9 +236,3 @@ def all_gather_resp(per_token, my_samples, width, dp_group):
     parts = [None] * world
     dist.all_gather_object(parts, local, group=dp_group)
     return torch.cat(parts, dim=0)
-
-
-def broadcast(obj):
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]

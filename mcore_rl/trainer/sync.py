@@ -25,6 +25,7 @@ import os
 import torch.distributed as dist
 
 from mcore_rl.bridge import HFWeightExporter
+from mcore_rl.parallel.runtime import from_rank0
 
 logger = logging.getLogger(__name__)
 
@@ -153,12 +154,3 @@ class WeightSync:
             self._sender.close()
             self._sender = None
 
-
-def from_rank0(value):
-    """Rank 0's value on every rank; an exception there is raised everywhere (no rank is left waiting)."""
-    box = [value]
-    if dist.get_world_size() > 1:
-        dist.broadcast_object_list(box, src=0)
-    if isinstance(box[0], BaseException):
-        raise box[0]
-    return box[0]
