@@ -218,6 +218,16 @@ class ValueHead(torch.nn.Module):
         return F.linear(hidden, self.weight, self.bias), None
 
 
+def _norms_in_model_dtype(model, dtype: torch.dtype) -> None:
+    """Megatron's local spec builds torch.nn.RMSNorm, which ignores params_dtype: its weights would stay fp32 in a
+    bf16 model. The HF model and the rollout engine keep them in the model dtype, and with a bf16 input and fp32
+    weights torch falls back from its fused RMSNorm kernel to the unfused composite on GPUs. The fp32 master copy
+    is the optimizer's, as for every other bf16 parameter."""
+    for module in model.modules():
+        if isinstance(module, (torch.nn.RMSNorm, torch.nn.LayerNorm)):
+            module.to(dtype)
+
+
 def build_model(
     hf: dict,
     model_cfg: ModelConfig,
@@ -252,6 +262,7 @@ def build_model(
             model.output_layer = ValueHead(
                 hf["hidden_size"], cfg.params_dtype, model_cfg.critic_value_head_std, cfg.sequence_parallel
             )
+        _norms_in_model_dtype(model, cfg.params_dtype)
         model.to(device)
         # What the engine needs to mask vocabulary padding and to label the model.
         model.mcore_rl_vocab_size = hf["vocab_size"]
