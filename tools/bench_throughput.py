@@ -55,9 +55,10 @@ def _engine_args(p) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--bucket-mb", type=int, default=512)
-    p.add_argument("--sync-layout", choices=("auto", "hf", "engine", "both"), default="auto",
-                   help="weight_sync: tensors handed to SGLang: its own parameters (engine, load_format=direct), HF "
-                        "names (hf), what the trainer picks (auto), or each measured in one run (both)")
+    p.add_argument("--sync-layout", choices=("auto", "hf", "engine", "shared", "all"), default="auto",
+                   help="weight_sync: how weights reach SGLang: the engine copies the actor's own parameters "
+                        "(shared), buckets of its own parameters (engine), buckets of HF names (hf), what the "
+                        "trainer picks (auto), or each possible one measured in one run (all; e2e then uses auto)")
     p.add_argument("--max-tokens-per-micro-batch", type=int, default=4096)
     p.add_argument("--no-ref", action="store_true", help="e2e without the reference model's forward")
     p.add_argument("--old-logprobs", choices=("auto", "recompute"), default="auto",
@@ -144,7 +145,8 @@ def run_engine_benches(args, names, world: int) -> dict:
 
             ref = None if args.no_ref else common.load_actor(path, hf, parallel, with_optimizer=False)
             result.update(e2e.run(engine, actor, ref, hf, prompts, args.n, args.max_new_tokens, args.bucket_mb << 20,
-                                  args.max_tokens_per_micro_batch, args.repeats, args.warmup, args.old_logprobs))
+                                  args.max_tokens_per_micro_batch, args.repeats, args.warmup, args.old_logprobs,
+                                  "auto" if args.sync_layout == "all" else args.sync_layout))
         if args.json and os.path.exists(args.json + ".partial"):  # complete: main writes args.json
             os.remove(args.json + ".partial")
     finally:

@@ -43,20 +43,21 @@ class GRPOStep:
     """Our step, its parts timed separately (seconds in `last`)."""
 
     def __init__(self, engine, actor, ref, hf: dict, bucket_bytes: int, max_tokens_per_micro_batch: int,
-                 old_logprobs: str = "auto"):
-        from mcore_rl.bridge import HFWeightExporter
+                 old_logprobs: str = "auto", sync_layout: str = "auto"):
+        from mcore_rl.trainer.sync import WeightSync
 
         if old_logprobs not in ("auto", "recompute"):
             raise ValueError(f"old_logprobs must be auto or recompute, got {old_logprobs!r}")
         self.engine, self.actor, self.ref = engine, actor, ref
         self.recompute = old_logprobs == "recompute"  # auto: one update from the whole batch, so skip
-        self.exporter = HFWeightExporter(actor.model_chunks, hf, bucket_bytes=bucket_bytes, destination=0)
+        # the trainer's weight sync, in the layout it would choose (sync_layout=auto) or the one asked for
+        self.sync = WeightSync(actor.model_chunks, hf, "tensor", bucket_bytes, engine, scratch_dir="", model_path="",
+                               layout=sync_layout)
         self.max_tokens = max_tokens_per_micro_batch
         self.last: dict[str, float] = {}
 
     def __call__(self, prompts, n, sampling) -> int:
         from mcore_rl import algorithms as alg
-        from mcore_rl.bench.weight_sync import sync_once
         from mcore_rl.engine.batching import make_micro_batches, unpack
 
         t = {}
@@ -96,29 +97,29 @@ class GRPOStep:
             self.actor.train_step(train_mbs, _pg_kl_loss(num_tokens, self.ref is not None, not self.recompute))
 
         t["update"], _ = timed(update)
-        t["sync"], nbytes = timed(lambda: sync_once(self.engine, self.exporter))
+        t["sync"], _ = timed(self.sync.sync)
         self.last = t
         self.last_ids = torch.stack([s["input_ids"] for s in seqs])
-        self.nbytes = nbytes
+        self.nbytes = self.sync.last_bytes
         return sum(len(s.response_ids) for s in samples)
 
 
 def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_tokens: int, bucket_bytes: int,
         max_tokens_per_micro_batch: int = 4096, repeats: int = 2, warmup: int = 1,
-        old_logprobs: str = "auto") -> dict:
+        old_logprobs: str = "auto", sync_layout: str = "auto") -> dict:
     from mcore_rl.bench.common import model_dtype
     from mcore_rl.bench.train import RawMegatron
-    from mcore_rl.bench.weight_sync import PlainCopy
+    from mcore_rl.bench.weight_sync import PlainCopy, baseline_exporter
     from mcore_rl.config.model import ModelConfig
     from mcore_rl.config.parallel import ParallelConfig
 
     sampling = engine.default_sampling(temperature=1.0, max_new_tokens=max_new_tokens, ignore_eos=True)
-    step = GRPOStep(engine, actor, ref, hf, bucket_bytes, max_tokens_per_micro_batch, old_logprobs)
+    step = GRPOStep(engine, actor, ref, hf, bucket_bytes, max_tokens_per_micro_batch, old_logprobs, sync_layout)
     raw = raw_sglang(engine)
     raw_ids = [list(p) for p in prompts for _ in range(n)]
     raw_params = sampling.to_sglang()
     raw_train = RawMegatron(hf, ModelConfig(dtype=model_dtype(), attention="sdpa", max_seq_len=4096), ParallelConfig())
-    copy = PlainCopy(step.exporter)
+    copy = PlainCopy(baseline_exporter(step.sync, actor.model_chunks, hf, bucket_bytes))
 
     def raw_parts() -> dict[str, float]:
         gen, _ = timed(lambda: raw.generate(input_ids=raw_ids, sampling_params=raw_params, return_logprob=True))
@@ -141,7 +142,7 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
         raw_totals.append(sum(r.values()))
     out = {"e2e.num_samples": len(raw_ids), "e2e.new_tokens": tokens, "e2e.train_tokens": int(step.last_ids.numel()),
            "e2e.step_s": median(totals), "e2e.raw_parts_s": median(raw_totals),
-           "e2e.old_logprobs_mode": "recompute" if step.recompute else "skip"}
+           "e2e.old_logprobs_mode": "recompute" if step.recompute else "skip", "e2e.sync_layout": step.sync.layout}
     out["e2e.ratio_vs_raw_parts"] = out["e2e.raw_parts_s"] / out["e2e.step_s"]
     for part in ours[0]:
         out[f"e2e.{part}_s"] = median([o[part] for o in ours])

@@ -1,15 +1,18 @@
-"""Colocated weight sync: the actor's weights exported through HFWeightExporter (TP all-gather, HF layout,
-buckets) into the engine (begin_update / update_bucket per bucket / end_update with its cache flush) against a
-plain copy of the same bytes (torch copy_ of the exported HF tensors into preallocated tensors of the same
-shapes, on the receiving rank). Repeats alternate; the ratio is sync time / copy time (1.0 = as fast as a copy).
-Also export alone (no engine) in seconds per GB, through bridge.measure_export_seconds_per_gb.
+"""Colocated weight sync: the trainer's own WeightSync (trainer/sync.py: export through HFWeightExporter with its
+TP all-gather and buckets, or the shared layout's copy from the actor's own parameters; begin_update, the load,
+end_update with its cache flush) against a plain copy of the same bytes (torch copy_ of the exported tensors into
+preallocated tensors of the same shapes, on the receiving rank). Repeats alternate; the ratio is sync time / copy
+time (1.0 = as fast as a copy). Also export alone (no engine) in seconds per GB, through
+bridge.measure_export_seconds_per_gb (not for the shared layout, which exports nothing).
 
 Every trainer rank runs this (the export is collective); global rank 0 owns the engine and receives the
 buckets. Under `torchrun --nproc_per_node 2` with TP=2 the export includes the all-gather of TP shards.
 
-layout (`--sync-layout`): auto (what the trainer would pick: the engine layout where supported, else hf), hf,
-engine, or both (each measured; the unprefixed keys are auto's, `weight_sync.hf.*` / `weight_sync.engine.*` each
-layout's). `weight_sync.layout` says which layout the unprefixed keys measured.
+layout (`--sync-layout`): auto (what the trainer would pick: shared, else engine, else hf, whichever is possible
+first), hf, engine, shared, or all (each possible one measured; the unprefixed keys are auto's,
+`weight_sync.hf.*` / `weight_sync.engine.*` / `weight_sync.shared.*` each layout's). `weight_sync.layout` says which
+layout the unprefixed keys measured. The shared layout's baseline copies the engine layout's export (its bytes
+include the vocabulary padding rows the shared layout does not write).
 """
 
 from __future__ import annotations
@@ -20,20 +23,15 @@ import torch.distributed as dist
 from mcore_rl.bench.common import median, timed
 
 
-def sync_once(engine, exporter) -> int:
-    """One complete sync (collective); returns the bytes handed to the engine on rank 0, 0 elsewhere."""
-    nbytes = 0
-    if engine is not None:
-        engine.begin_update()
-    for bucket in exporter:
-        if bucket is None:
-            continue
-        named = list(bucket)
-        nbytes += sum(t.numel() * t.element_size() for _, t in named)
-        engine.update_bucket(named, layout=bucket.layout)
-    if engine is not None:
-        engine.end_update()
-    return nbytes
+def baseline_exporter(sync, actor_chunks, hf: dict, bucket_bytes: int):
+    """Sets `sync` up with a first, untimed sync (plan, name check, hand-over) and returns the exporter whose
+    tensors the plain-copy baseline copies: the sync's own, or for the shared layout (which exports nothing) the
+    engine layout's. Collective."""
+    from mcore_rl.bridge import HFWeightExporter
+
+    sync.sync()
+    return sync.exporter or HFWeightExporter(actor_chunks, hf, bucket_bytes=bucket_bytes, destination=0,
+                                             layout="engine")
 
 
 class PlainCopy:
@@ -49,30 +47,36 @@ class PlainCopy:
             d.copy_(s)
 
 
-SYNC_LAYOUTS = ("auto", "hf", "engine", "both")
+SYNC_LAYOUTS = ("auto", "hf", "engine", "shared", "all")
 _KEYS = ("seconds", "copy_seconds", "gb_per_s", "ratio_vs_copy", "export_seconds_per_gb", "num_buckets")
 
 
 def run(engine, actor_chunks, hf: dict, bucket_bytes: int, repeats: int = 3, warmup: int = 1,
         layout: str = "auto") -> dict:
     """engine: the RolloutEngine on global rank 0, None on the other ranks."""
+    from megatron.core import parallel_state as ps
+
     from mcore_rl.parallel.runtime import from_rank0
-    from mcore_rl.trainer.sync import choose_layout, layout_blockers
+    from mcore_rl.trainer.sync import choose_layout, layout_blockers, shared_blockers
 
     if layout not in SYNC_LAYOUTS:
         raise ValueError(f"layout must be one of {SYNC_LAYOUTS}, got {layout!r}")
-    chosen = None
+    decided = None
     if dist.get_rank() == 0:  # rank 0 owns the engine: it decides, as in the trainer
+        blockers = layout_blockers("tensor", hf, engine)
+        split = shared_blockers(ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size())
         try:
-            chosen = choose_layout("auto" if layout == "both" else layout, layout_blockers("tensor", hf, engine))
+            chosen = choose_layout("auto" if layout == "all" else layout, blockers, split)
         except ValueError as e:
             chosen = e
-    chosen = from_rank0(chosen)
-    if layout != "both":
+        possible = ["hf"] + (["engine"] if not blockers else []) + (["shared"] if not blockers and not split else [])
+        decided = (chosen, possible)
+    chosen, possible = from_rank0(decided)
+    if layout != "all":
         return {"weight_sync.layout": chosen, **_measure(engine, actor_chunks, hf, bucket_bytes, repeats, warmup,
                                                           chosen)}
     out: dict = {"weight_sync.layout": chosen}
-    for each in ("hf", "engine"):
+    for each in possible:
         figures = _measure(engine, actor_chunks, hf, bucket_bytes, repeats, warmup, each)
         out.update({k.replace("weight_sync.", f"weight_sync.{each}.", 1): v for k, v in figures.items()
                     if k.removeprefix("weight_sync.") in _KEYS})
@@ -82,37 +86,37 @@ def run(engine, actor_chunks, hf: dict, bucket_bytes: int, repeats: int = 3, war
 
 
 def _measure(engine, actor_chunks, hf: dict, bucket_bytes: int, repeats: int, warmup: int, layout: str) -> dict:
-    from mcore_rl.bridge import HFWeightExporter, measure_export_seconds_per_gb
+    """The trainer's own WeightSync in this layout, interleaved with the plain copy of the exported tensors."""
+    from mcore_rl.bridge import measure_export_seconds_per_gb
+    from mcore_rl.trainer.sync import WeightSync
 
-    exporter = HFWeightExporter(actor_chunks, hf, bucket_bytes=bucket_bytes, destination=0, layout=layout)
+    sync = WeightSync(actor_chunks, hf, "tensor", bucket_bytes, engine, scratch_dir="", model_path="", layout=layout)
+    exporter = baseline_exporter(sync, actor_chunks, hf, bucket_bytes)
     receiver = dist.get_rank() == 0
-    if layout == "engine" and receiver:  # the whole name set once, as WeightSync's first sync does
-        from mcore_rl.rollout.engine_params import check_names
-
-        check_names({n: s for n, s, _ in exporter.tensor_specs()}, engine.engine_parameters(),
-                    "the engine-layout export")
     copy = PlainCopy(exporter)
     for _ in range(warmup):
-        sync_once(engine, exporter)
+        sync.sync()
         if receiver:
             copy()
-    t_sync, t_copy, nbytes = [], [], 0
+    t_sync, t_copy = [], []
     for _ in range(repeats):  # interleaved
         dist.barrier()
-        t, nbytes = timed(lambda: sync_once(engine, exporter))
-        t_sync.append(t)
+        t_sync.append(timed(sync.sync)[0])
         if receiver:
             t_copy.append(timed(copy)[0])
-    export = measure_export_seconds_per_gb(exporter, repeats=repeats)
+    export = measure_export_seconds_per_gb(exporter, repeats=repeats) if sync.exporter is not None else None
     if not receiver:
         return {}
-    assert nbytes == copy.nbytes == exporter.total_bytes, (nbytes, copy.nbytes, exporter.total_bytes)
+    if layout != "shared":
+        assert sync.last_bytes == copy.nbytes == exporter.total_bytes, (sync.last_bytes, copy.nbytes,
+                                                                          exporter.total_bytes)
     s, c = median(t_sync), median(t_copy)
-    gb = nbytes / 1e9
+    gb = sync.last_bytes / 1e9
     return {
-        "weight_sync.tp": export["tp"], "weight_sync.gbytes": gb, "weight_sync.num_buckets": export["num_buckets"],
+        "weight_sync.tp": exporter.tp, "weight_sync.gbytes": gb,
+        "weight_sync.num_buckets": export["num_buckets"] if export else 0,
         "weight_sync.seconds": s, "weight_sync.copy_seconds": c,
-        "weight_sync.gb_per_s": gb / s, "weight_sync.copy_gb_per_s": gb / c,
+        "weight_sync.gb_per_s": gb / s, "weight_sync.copy_gb_per_s": copy.nbytes / 1e9 / c,
         "weight_sync.ratio_vs_copy": s / c,
-        "weight_sync.export_seconds_per_gb": export["seconds_per_gb"],
+        "weight_sync.export_seconds_per_gb": export["seconds_per_gb"] if export else None,
     }

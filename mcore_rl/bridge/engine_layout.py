@@ -65,3 +65,42 @@ def engine_tensors(entry: Entry, dims: Dims) -> list[tuple[str, tuple[int, ...]]
         (rows, *rest), = shapes
         return [(entry.hf[0], (padded_vocab(rows), *rest))]
     return list(zip(entry.hf, shapes))
+
+
+def shared_plan(chunks: list, hf: dict) -> tuple[list, list[list]]:
+    """How an engine that holds handles to this rank's Megatron parameters fills its own from them (the "shared"
+    sync layout, mcore_rl.rollout.engine_params.apply_shared): (parameters, ops). Each op is
+    [engine name, engine shape, index into parameters, rows], where rows is either the number of leading rows
+    copied as they are (the rest of the engine tensor, vocabulary padding, is left alone) or the list of source
+    rows, in engine order (fused q/k/v: Megatron interleaves them per query group, SGLang stacks q, k, v).
+
+    Valid for a model held whole by this rank (TP=1, one pipeline stage). The row orders come from
+    bridge.transforms.from_shards applied to row numbers, so this plan and the HF export cannot disagree.
+    """
+    import torch
+
+    from mcore_rl.bridge.bind import bind
+    from mcore_rl.bridge.transforms import from_shards
+
+    dims = Dims.from_hf(hf)
+    params, ops = [], []
+    for b in bind(chunks, hf):
+        if not b.entry.export:
+            continue
+        (name, shape), = engine_tensors(b.entry, dims)
+        p = b.param
+        if tuple(shape[1:]) != tuple(p.shape[1:]) or (b.entry.kind == Kind.ROW and tuple(shape) != tuple(p.shape)):
+            raise ValueError(f"{name}: engine shape {tuple(shape)} does not follow from the Megatron parameter "
+                             f"{b.name} {tuple(p.shape)}; the shared layout needs an actor at TP=1 and PP=1")
+        if b.entry.kind in (Kind.QKV, Kind.GATE_UP, Kind.VOCAB):
+            order = torch.cat(from_shards(b.entry.kind, [torch.arange(p.shape[0])], dims))
+        else:
+            order = torch.arange(p.shape[0])
+        hf_rows = sum(s[0] for s in b.entry.hf_shapes(dims))
+        if len(order) != hf_rows or hf_rows > shape[0]:
+            raise ValueError(f"{name}: the Megatron parameter {b.name} {tuple(p.shape)} holds {len(order)} of its "
+                             f"{hf_rows} rows; the shared layout needs an actor at TP=1 and PP=1")
+        rows = len(order) if torch.equal(order, torch.arange(len(order))) else order.tolist()
+        ops.append([name, list(shape), len(params), rows])
+        params.append(p)
+    return params, ops

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MODES = ("engine", "server")
-WEIGHT_SYNC_LAYOUTS = ("auto", "hf", "engine")
+WEIGHT_SYNC_LAYOUTS = ("auto", "hf", "engine", "shared")
 DEVICES = ("auto", "cpu", "cuda")
 # Our names (as in model.dtype) and SGLang's, both accepted; "auto" keeps the checkpoint's dtype.
 DTYPES = {"auto": "auto", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16",
@@ -86,8 +86,10 @@ class RolloutConfig:
     """Tensors a colocated weight sync (trainer.weight_sync=tensor) hands the engine. engine: SGLang's own
     parameters (fused qkv_proj / gate_up_proj, padded vocabulary) copied as they are (load_format=direct; verified
     for Llama / Mistral / Qwen2 / Qwen3, needs tp_size=1, an unquantized model and an engine we launch). hf: HF
-    names, mapped by SGLang's model.load_weights (any model, slower). auto: engine where supported, else hf (logged
-    once with the reason)."""
+    names, mapped by SGLang's model.load_weights (any model, slower). shared: the engine keeps handles to the
+    trainer's own parameters (CUDA IPC) and copies them into its layout at each sync: no export, no buckets
+    (needs what engine needs plus an actor at TP=1 and PP=1). auto: shared, else engine, else hf, whichever is
+    possible first (logged once with the reason)."""
 
     # Sampling defaults; generate() takes per-call overrides. Samples per prompt: algorithm.n_samples_per_prompt.
     temperature: float = 1.0
@@ -140,10 +142,11 @@ class RolloutConfig:
         if self.weight_sync_layout not in WEIGHT_SYNC_LAYOUTS:
             raise ValueError(f"rollout.weight_sync_layout must be one of {WEIGHT_SYNC_LAYOUTS}, got "
                              f"{self.weight_sync_layout!r}")
-        if self.weight_sync_layout == "engine":
+        if self.weight_sync_layout in ("engine", "shared"):
             reason = self.engine_layout_blocker()
             if reason is not None:
-                raise ValueError(f"rollout.weight_sync_layout=engine is not possible here: {reason}. Set "
+                raise ValueError(f"rollout.weight_sync_layout={self.weight_sync_layout} is not possible here: "
+                                 f"{reason}. Set "
                                  "rollout.weight_sync_layout=auto (falls back to hf) or hf.")
         reserved = set(self.extra_args) & {"model_path", "skip_tokenizer_init", "device", "host", "port"}
         if reserved:

@@ -99,6 +99,7 @@ class RolloutEngine:
         self._stale: str | None = None  # why the weights are a mix of two versions, if they are
         self._released: set[str] = set()
         self._engine_params: dict[str, tuple[int, ...]] | None = None  # engine_parameters(), once asked
+        self._shared_token: str | None = None  # share_parameters()' token, once called
         self.backend: Backend
         if cfg.mode == "server" and cfg.server_url:
             from mcore_rl.rollout.server import ServerBackend
@@ -234,6 +235,48 @@ class RolloutEngine:
                                            load_format=load_format),
                          "update weights from tensors")
         sync.num_tensors += count
+
+    def share_parameters(self, params: Sequence, ops: list) -> None:
+        """Hand the engine handles to the trainer's own parameters (CUDA IPC, or shared memory on CPU: the storages
+        move into shared memory, in place), with the ops of bridge.engine_layout.shared_plan; update_from_shared()
+        then copies from them. Nothing is copied here. The parameters must stay where they are (in-place updates
+        only); share again after one is reallocated. Names and shapes are checked against engine_parameters()."""
+        from mcore_rl.rollout.engine_params import SHARE, check_names
+
+        check_names({name: tuple(shape) for name, shape, _, _ in ops}, self.engine_parameters(),
+                    "the shared parameters")
+        token = uuid.uuid4().hex
+        named = [(json.dumps({"token": token, "ops": ops}), params[0].detach())]
+        named += [("", p.detach()) for p in params[1:]]
+        own_session = self._sync is None and self.backend.call("begin a weight update", self.cfg.request_timeout_s,
+                                                                self.backend.begin_weight_update)
+        try:
+            check_result(self.backend.call("share the trainer's parameters", self.cfg.request_timeout_s,
+                                           self.backend.update_weights_from_tensor, named, flush_cache=False,
+                                           load_format=SHARE), "share the trainer's parameters")
+        finally:
+            if own_session:
+                check_result(self.backend.call("end a weight update", self.cfg.request_timeout_s,
+                                               self.backend.end_weight_update), "end a weight update")
+        self._shared_token = token
+
+    def update_from_shared(self) -> None:
+        """Inside an open sync: the engine copies the shared parameters (share_parameters) into its own. The
+        caller must have finished writing them (on GPUs: synchronized its stream)."""
+        import torch
+
+        from mcore_rl.rollout.engine_params import APPLY_SHARED
+
+        sync = self._require_sync("update_from_shared")
+        if self._shared_token is None:
+            raise RuntimeError("update_from_shared() before share_parameters()")
+        with self._failing_sync():
+            check_result(self.backend.call("update weights from the shared parameters", self.cfg.request_timeout_s,
+                                           self.backend.update_weights_from_tensor,
+                                           [(self._shared_token, torch.zeros(1))], flush_cache=False,
+                                           load_format=APPLY_SHARED),
+                         "update weights from the shared parameters")
+        sync.num_tensors += 1
 
     def engine_parameters(self) -> dict[str, tuple[int, ...]]:
         """The engine's own parameters, name -> shape (asked once, then cached): what a sync in the engine layout

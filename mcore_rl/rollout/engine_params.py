@@ -14,6 +14,9 @@ yields): SGLang's own load_format="direct" does the same copies, but is handed o
 tensor crosses the process boundary as its own CUDA IPC handle and event (on an H200, 0.99 GB in 2 buckets:
 15 ms through "direct", most of it per-tensor overhead). Here a bucket is (JSON spec, flat buffer) pairs.
 
+`share` and `apply_shared` are the shared layout's (bridge.engine_layout.shared_plan): `share` keeps the trainer's
+own parameters (CUDA IPC handles, or shared memory on CPU) with a copy plan; each `apply_shared` runs the plan.
+
 `save` (same mechanism) writes the engine's parameters with torch.save: a way to read the engine's weights back,
 for parity tests. Nothing here imports SGLang or Megatron; it runs inside SGLang's scheduler process.
 """
@@ -26,7 +29,13 @@ import os
 DESCRIBE = f"{__name__}.describe"
 SAVE = f"{__name__}.save"
 FLAT = f"{__name__}.load_flat"
-LOADERS = (DESCRIBE, SAVE, FLAT)
+SHARE = f"{__name__}.share"
+APPLY_SHARED = f"{__name__}.apply_shared"
+LOADERS = (DESCRIBE, SAVE, FLAT, SHARE, APPLY_SHARED)
+
+# The trainer's parameters handed over by `share` (one set per engine process): token, ops, source tensors, and
+# the copy program compiled against one model object (SGLang builds a new model on a reload from disk).
+_SHARED: dict = {}
 
 
 def _path(named_tensors) -> str:
@@ -69,6 +78,66 @@ def pack_flat(named_tensors) -> list[tuple[str, object]] | None:
         groups.setdefault(id(base), (base, []))[1].append([name, t.storage_offset() - base.storage_offset(),
                                                            list(t.shape)])
     return [(json.dumps(spec), base) for base, spec in groups.values()]
+
+
+def share(model, named_tensors) -> None:
+    """SGLang custom loader: keep the trainer's parameters (CUDA IPC / shared-memory handles, not copies) for
+    apply_shared. The first pair's name is JSON {"token", "ops"} (bridge.engine_layout.shared_plan's ops); the
+    tensors are the sources the ops index, in order. Replaces what an earlier call kept."""
+    named_tensors = list(named_tensors)
+    spec = json.loads(named_tensors[0][0])
+    _SHARED.clear()
+    _SHARED.update(token=spec["token"], ops=spec["ops"], sources=[t for _, t in named_tensors])
+
+
+def apply_shared(model, named_tensors) -> None:
+    """SGLang custom loader: copy the shared trainer parameters into the engine's, as `share`'s ops say. The one
+    pair's name is the token `share` was given (a mismatch means the engine lost them: a bug, asserted). The
+    caller has finished writing the sources; this returns once the copies are done, so it may write again."""
+    import torch
+
+    token = _path(named_tensors)
+    assert _SHARED.get("token") == token, f"apply_shared: token {token!r}, shared {_SHARED.get('token')!r}"
+    program = _SHARED.get("program")
+    if program is None or program[0]() is not model:
+        program = _SHARED["program"] = (_weak(model), _compile(model, _SHARED["ops"], _SHARED["sources"]))
+    copies, gathers = program[1]
+    for dsts, srcs in copies:
+        torch._foreach_copy_(dsts, srcs)
+    for dst, src, index in gathers:
+        if dst.dtype == src.dtype:
+            torch.index_select(src, 0, index, out=dst)
+        else:
+            dst.copy_(src.index_select(0, index))
+    device = _SHARED["sources"][0].device
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
+def _weak(model):
+    import weakref
+
+    return weakref.ref(model)
+
+
+def _compile(model, ops, sources):
+    """(copies grouped by dtype pair for torch._foreach_copy_, [(dst, src, row index)]) for these ops."""
+    import torch
+
+    params = dict(model.named_parameters())
+    copies: dict = {}
+    gathers = []
+    for name, shape, k, rows in ops:
+        dst, src = params[name].data, sources[k]
+        assert list(dst.shape) == list(shape), (name, list(dst.shape), shape)
+        if isinstance(rows, int):
+            group = copies.setdefault((dst.dtype, src.dtype), ([], []))
+            group[0].append(dst[:rows])
+            group[1].append(src[:rows])
+        else:
+            index = torch.tensor(rows, dtype=torch.long, device=src.device)
+            gathers.append((dst[:len(rows)], src, index))
+    return list(copies.values()), gathers
 
 
 def save(model, named_tensors) -> None:

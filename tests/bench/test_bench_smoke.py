@@ -1,6 +1,6 @@
 """tools/bench_throughput.py runs end to end on CPU: `all` on the tiny random model with minimal sizes, in one
-subprocess (one SGLang engine shared by rollout, weight_sync and e2e). Checks only that every figure the docs
-name is present, finite and positive; benchmarks are not tests, so no timing is asserted."""
+subprocess (one SGLang engine shared by rollout, weight_sync in every layout, and e2e). Checks only that every
+figure the docs name is present, finite and positive; benchmarks are not tests, so no timing is asserted."""
 
 import json
 import math
@@ -18,7 +18,9 @@ KEYS = [
     "train.ratio_vs_raw", "train.tokens_per_s", "train.raw_tokens_per_s", "train.packed_vs_padded",
     "rollout.tokens_per_s", "rollout.raw_tokens_per_s", "rollout.ratio_vs_raw",
     "weight_sync.seconds", "weight_sync.copy_seconds", "weight_sync.gb_per_s", "weight_sync.ratio_vs_copy",
-    "weight_sync.export_seconds_per_gb",
+    "weight_sync.hf.seconds", "weight_sync.hf.ratio_vs_copy", "weight_sync.hf.export_seconds_per_gb",
+    "weight_sync.engine.seconds", "weight_sync.engine.ratio_vs_copy", "weight_sync.engine.export_seconds_per_gb",
+    "weight_sync.shared.seconds", "weight_sync.shared.ratio_vs_copy",
     "e2e.step_s", "e2e.raw_parts_s", "e2e.ratio_vs_raw_parts", "e2e.rollout_s", "e2e.ref_logprobs_s",
     "e2e.update_s", "e2e.sync_s", "e2e.raw_rollout_s", "e2e.raw_update_s", "e2e.raw_sync_s",
 ]
@@ -37,7 +39,7 @@ def test_all_writes_every_figure(tmp_path):
     cmd = [sys.executable, str(ROOT / "tools" / "bench_throughput.py"), "--json", str(out), "all",
            "--model", "tiny", "--train-model", "tiny", "--seq-len", "32", "--tokens", "128", "--iters", "1",
            "--train-warmup", "1", "--prompts", "2", "--n", "2", "--prompt-len", "4", "--max-new-tokens", "4",
-           "--repeats", "1", "--warmup", "1", "--max-total-tokens", "2048"]
+           "--repeats", "1", "--warmup", "1", "--max-total-tokens", "2048", "--sync-layout", "all"]
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", MASTER_PORT=str(_free_port()))
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
@@ -46,6 +48,9 @@ def test_all_writes_every_figure(tmp_path):
            if not isinstance(figures.get(k), (int, float)) or not math.isfinite(figures[k]) or figures[k] <= 0}
     assert not bad, f"missing, non-finite or non-positive figures: {bad}"
     assert figures["weight_sync.tp"] == 1 and figures["e2e.new_tokens"] == 2 * 2 * 4
+    # every layout measured; at TP=1 the trainer (auto) picks the shared one, in weight_sync and in e2e alike
+    assert figures["weight_sync.layout"] == "shared" and figures["e2e.sync_layout"] == "shared"
+    assert figures["weight_sync.export_seconds_per_gb"] is None  # the shared layout exports nothing
     # e2e's step is one update from the whole batch: --old-logprobs auto (the default) skips that forward
     assert figures["e2e.old_logprobs_mode"] == "skip" and figures["e2e.old_logprobs_s"] == 0
     assert "rollout.ratio_vs_raw" in proc.stdout  # the table

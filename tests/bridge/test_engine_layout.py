@@ -85,10 +85,18 @@ class _Rollout:
 def test_choose_layout_auto_falls_back_with_one_log_line(caplog):
     import logging
 
-    from mcore_rl.trainer.sync import choose_layout, layout_blockers
+    from mcore_rl.trainer.sync import choose_layout, layout_blockers, shared_blockers
 
-    assert choose_layout("auto", layout_blockers("tensor", _hf(), _Rollout())) == "engine"
+    assert choose_layout("auto", layout_blockers("tensor", _hf(), _Rollout())) == "shared"
+    assert choose_layout("auto", [], shared_blockers(1, 1)) == "shared"
+    assert choose_layout("engine", [], []) == "engine"
     assert choose_layout("hf", []) == "hf"
+    with caplog.at_level(logging.INFO, logger="mcore_rl.trainer.sync"):
+        assert choose_layout("auto", [], shared_blockers(2, 1)) == "engine"
+    assert [r.getMessage() for r in caplog.records] == [
+        "weight sync: engine layout (buckets, not shared parameters), since the actor is split (parallel.tp=2, "
+        "parallel.pp=1): rank 0 does not hold whole parameters for the engine to copy from"]
+    caplog.clear()
     blockers = layout_blockers("tensor", _hf(), _Rollout(tp_size=2))
     with caplog.at_level(logging.INFO, logger="mcore_rl.trainer.sync"):
         assert choose_layout("auto", blockers) == "hf"
@@ -102,7 +110,7 @@ def test_choose_layout_auto_falls_back_with_one_log_line(caplog):
 
 def test_forcing_engine_where_unsupported_says_what_to_change():
     from mcore_rl.config.rollout import RolloutConfig
-    from mcore_rl.trainer.sync import choose_layout, layout_blockers
+    from mcore_rl.trainer.sync import choose_layout, layout_blockers, shared_blockers
 
     with pytest.raises(ValueError, match=r"rollout.weight_sync_layout=engine is not possible: the checkpoint is "
                                          r"quantized .*Set rollout.weight_sync_layout=auto \(falls back to hf\) or hf"):
@@ -115,6 +123,12 @@ def test_forcing_engine_where_unsupported_says_what_to_change():
         RolloutConfig(weight_sync_layout="engine", extra_args={"quantization": "fp8"})
     with pytest.raises(ValueError, match="rollout.weight_sync_layout must be one of"):
         RolloutConfig(weight_sync_layout="direct")
+    with pytest.raises(ValueError, match=r"rollout.weight_sync_layout=shared is not possible: the actor is split "
+                                         r"\(parallel.tp=1, parallel.pp=2\).*Set rollout.weight_sync_layout=auto "
+                                         r"\(falls back to engine or hf\) or hf"):
+        choose_layout("shared", [], shared_blockers(1, 2))
+    with pytest.raises(ValueError, match=r"rollout.weight_sync_layout=shared is not possible here: rollout.tp_size=2"):
+        RolloutConfig(weight_sync_layout="shared", tp_size=2)
 
 
 def test_pack_flat_sends_each_buffer_once_with_offsets():

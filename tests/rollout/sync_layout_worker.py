@@ -6,8 +6,11 @@ layout and in the HF layout must leave bit-identical engine parameters.
 Per model: start an engine on the checkpoint, read its parameters back (S0); check that a bucket with an HF name
 in the engine layout is refused before it reaches SGLang; perturb every actor parameter; sync (engine layout,
 buckets as flat buffers) -> E; reload the checkpoint from disk; sync (HF layout) -> H; reload; the engine layout
-again as separate tensors (SGLang's load_format="direct") -> D. Writes OUT/result.json with, per model, whether
-E == H == D bit for bit, whether every parameter changed (E != S0), the layouts that ran and the names.
+again as separate tensors (SGLang's load_format="direct") -> D; reload; the shared layout -> S1; scale every
+actor parameter in place and sync shared again (nothing handed over again) -> S2, against an engine-layout sync
+of the same weights; give the final norm new storage and sync shared (handed over again) -> S3, against the
+engine layout. Writes OUT/result.json with, per model, whether E == H == D == S1, S2 == E2, S3 == E3 bit for bit,
+whether every parameter changed (E != S0, S2 != S1), the layouts that ran and the names.
 """
 
 import json
@@ -36,8 +39,12 @@ def check_model(model: str, scratch: str) -> dict:
     actor = TrainEngine(hf, ModelConfig(dtype="fp32", max_seq_len=256), parallel, None)
     load_hf_weights(actor.model_chunks, model, hf)
     out: dict = {}
-    rollout = RolloutEngine(RolloutConfig(device="cpu", dtype="fp32", max_total_tokens=1024, show_progress=False,
-                                          log_level="error"), model)
+    if torch.cuda.is_available():  # the same checks on a GPU (CUDA IPC instead of shared memory), by hand
+        where = dict(attention_backend="triton", sampling_backend="pytorch", mem_fraction_static=0.2,
+                     extra_args={"disable_cuda_graph": True})
+    else:
+        where = dict(device="cpu", max_total_tokens=1024)
+    rollout = RolloutEngine(RolloutConfig(dtype="fp32", show_progress=False, log_level="error", **where), model)
     try:
         s0 = rollout.save_parameters()
         try:  # an HF name in the engine layout: refused here, the engine stays up
@@ -52,7 +59,7 @@ def check_model(model: str, scratch: str) -> dict:
         with torch.no_grad():
             for chunk in actor.model_chunks:
                 for p in chunk.parameters():
-                    p.add_(torch.randn(p.shape, generator=g).to(p.dtype) * 0.02)
+                    p.add_(torch.randn(p.shape, generator=g).to(p.device, p.dtype) * 0.02)
         engine_sync = WeightSync(actor.model_chunks, hf, "tensor", 1 << 16, rollout, scratch, model, layout="engine")
         engine_sync.sync()
         e = rollout.save_parameters()
@@ -66,6 +73,40 @@ def check_model(model: str, scratch: str) -> dict:
             for bucket in engine_sync.exporter:
                 rollout.update_bucket([(n, t.clone()) for n, t in bucket], layout="engine")
         d = rollout.save_parameters()
+        version = rollout.weight_version
+
+        # Shared layout: the engine holds the actor's own parameters and copies them on each sync.
+        rollout.update_weights_from_disk(model)
+        shared_sync = WeightSync(actor.model_chunks, hf, "tensor", 1 << 16, rollout, scratch, model,
+                                 layout="shared")
+        shared_sync.sync()
+        s1 = rollout.save_parameters()
+        token = rollout._shared_token
+        with torch.no_grad():  # in place, as optimizer steps write: seen without handing anything over again
+            for chunk in actor.model_chunks:
+                for p in chunk.parameters():
+                    p.mul_(1.5)
+        shared_sync.sync()
+        s2 = rollout.save_parameters()
+        same_token = rollout._shared_token == token
+        engine_sync.sync()
+        e2 = rollout.save_parameters()
+        norm = actor.model_chunks[0].decoder.final_layernorm.weight  # moved storage: handed over again
+        norm.data = norm.data.clone() + 0.25
+        shared_sync.sync()
+        s3 = rollout.save_parameters()
+        engine_sync.sync()
+        e3 = rollout.save_parameters()
+        out.update(
+            shared_layout=shared_sync.layout,
+            shared_equals_hf=[n for n in s1 if not torch.equal(s1[n], h[n])] == [],
+            shared_in_place_equals_engine=[n for n in s2 if not torch.equal(s2[n], e2[n])] == [],
+            shared_changed=[n for n in s2 if torch.equal(s2[n], s1[n])],
+            shared_same_token=same_token,
+            shared_after_move_equals_engine=[n for n in s3 if not torch.equal(s3[n], e3[n])] == [],
+            shared_moved_token_changed=rollout._shared_token != token,
+            shared_norm_moved=not torch.equal(s3["model.norm.weight"], s2["model.norm.weight"]),
+        )
         out.update(
             layouts=[engine_sync.layout, hf_sync.layout],
             num_buckets=len(engine_sync.exporter.plan()),
@@ -77,7 +118,7 @@ def check_model(model: str, scratch: str) -> dict:
             reload_restored=all(torch.equal(reloaded[n], s0[n]) for n in s0),
             embed_shape=list(e["model.embed_tokens.weight"].shape),
             embed_padding_zero=bool((e["model.embed_tokens.weight"][hf["vocab_size"]:] == 0).all()),
-            version=rollout.weight_version,
+            version=version,
         )
     finally:
         rollout.shutdown()

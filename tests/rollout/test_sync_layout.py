@@ -1,6 +1,7 @@
-"""Engine sync layout vs HF sync layout on the real SGLang engine (CPU, fp32): after the same perturbed actor is
-synced each way (engine layout: buckets as flat buffers through our loader, and tensor by tensor through SGLang's
-load_format="direct"), every engine parameter is bit-identical (each ends in one copy of the same fp32 values),
+"""Engine and shared sync layouts vs the HF sync layout on the real SGLang engine (CPU, fp32): after the same perturbed
+actor is synced each way (engine layout: buckets as flat buffers through our loader, and tensor by tensor through
+SGLang's load_format="direct"; shared: the engine copies from the actor's own parameters, handed over once),
+every engine parameter is bit-identical (each ends in one copy of the same fp32 values),
 and the sync changed every parameter. Qwen2 with untied embeddings (vocab 512) and with tied embeddings and vocab 500,
 whose embedding SGLang pads to 512 rows (zeros). Runs in a subprocess (Megatron + one engine per model, ~1 min).
 Pure parts (names, messages, fallback): tests/bridge/test_engine_layout.py.
@@ -35,6 +36,13 @@ def test_engine_layout_equals_hf_layout(tmp_path):
         assert r["same_names"] and r["engine_equals_hf"] and r["direct_equals_hf"], (name, r)
         assert r["unchanged_by_sync"] == [], (name, r["unchanged_by_sync"])  # not a no-op
         assert r["reload_restored"], name
+        # shared layout: bit-identical to the HF and engine layouts; in-place updates reach the engine with nothing
+        # handed over again; a parameter whose storage moved is handed over again
+        assert r["shared_layout"] == "shared", name
+        assert r["shared_equals_hf"] and r["shared_in_place_equals_engine"], (name, r)
+        assert r["shared_changed"] == [], (name, r["shared_changed"])
+        assert r["shared_same_token"], name
+        assert r["shared_after_move_equals_engine"] and r["shared_moved_token_changed"] and r["shared_norm_moved"], r
         assert r["version"] == 5, name  # engine, disk, hf, disk, engine (the refused bucket bumps nothing)
         assert "not engine parameters: model.layers.0.self_attn.q_proj.weight" in r["bad_name_error"], r
         assert r["alive_after_bad_name"], name
