@@ -84,6 +84,7 @@ class PendingCall:
 class _Sync:
     began_session: bool  # SGLang 0.5.23's begin_weight_update was called; end_weight_update must follow
     num_tensors: int = 0
+    flushed: bool = False  # the cache was flushed by the last update call itself (update_from_shared)
 
 
 class RolloutEngine:
@@ -100,6 +101,7 @@ class RolloutEngine:
         self._released: set[str] = set()
         self._engine_params: dict[str, tuple[int, ...]] | None = None  # engine_parameters(), once asked
         self._shared_token: str | None = None  # share_parameters()' token, once called
+        self._requests_may_run = False  # a generate() call failed: SGLang may still run its requests
         self.backend: Backend
         if cfg.mode == "server" and cfg.server_url:
             from mcore_rl.rollout.server import ServerBackend
@@ -168,8 +170,10 @@ class RolloutEngine:
                 outputs[i] = outs
                 bar.update(len(outs))
 
+            self._requests_may_run = True  # until this call returns normally
             self.backend.generate(requests, timeout_s or self.cfg.request_timeout_s,
                                   self.cfg.max_concurrent_requests, on_done)
+            self._requests_may_run = False
         samples = []
         for chunk, outs in zip(chunks, outputs):
             if outs is None or len(outs) != len(chunk):
@@ -235,6 +239,7 @@ class RolloutEngine:
                                            load_format=load_format),
                          "update weights from tensors")
         sync.num_tensors += count
+        sync.flushed = False  # an earlier call's flush does not cover these weights
 
     def share_parameters(self, params: Sequence, ops: list) -> None:
         """Hand the engine handles to the trainer's own parameters (CUDA IPC, or shared memory on CPU: the storages
@@ -262,7 +267,12 @@ class RolloutEngine:
 
     def update_from_shared(self) -> None:
         """Inside an open sync: the engine copies the shared parameters (share_parameters) into its own. The
-        caller must have finished writing them (on GPUs: synchronized its stream)."""
+        caller must have finished writing them (on GPUs: synchronized its stream).
+
+        The cache flush rides on the same call (end_update then skips its own), saving a round trip to the
+        scheduler, unless a generate() call failed: SGLang then may still run requests, and a flush that fails
+        inside a weight update is an assertion that kills its scheduler, where end_update's own flush is an
+        error we report."""
         import torch
 
         from mcore_rl.rollout.engine_params import APPLY_SHARED
@@ -270,13 +280,16 @@ class RolloutEngine:
         sync = self._require_sync("update_from_shared")
         if self._shared_token is None:
             raise RuntimeError("update_from_shared() before share_parameters()")
+        flush = not self._requests_may_run
         with self._failing_sync():
+            # an empty tensor pickles without a shared-memory segment: the call carries only the token
             check_result(self.backend.call("update weights from the shared parameters", self.cfg.request_timeout_s,
                                            self.backend.update_weights_from_tensor,
-                                           [(self._shared_token, torch.zeros(1))], flush_cache=False,
+                                           [(self._shared_token, torch.empty(0))], flush_cache=flush,
                                            load_format=APPLY_SHARED),
                          "update weights from the shared parameters")
         sync.num_tensors += 1
+        sync.flushed = flush
 
     def engine_parameters(self) -> dict[str, tuple[int, ...]]:
         """The engine's own parameters, name -> shape (asked once, then cached): what a sync in the engine layout
@@ -338,7 +351,7 @@ class RolloutEngine:
                 check_result(self.backend.call("end a weight update", self.cfg.request_timeout_s,
                                                self.backend.end_weight_update), "end a weight update")
                 sync.began_session = False
-            if flush_cache:  # a failed flush would leave KV entries of the old weights: counts as a failed sync
+            if flush_cache and not sync.flushed:  # a failed flush would leave KV entries of the old weights
                 self.flush_cache()
         self._sync = None
         self._stale = None

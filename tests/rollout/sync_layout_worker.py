@@ -9,8 +9,10 @@ buckets as flat buffers) -> E; reload the checkpoint from disk; sync (HF layout)
 again as separate tensors (SGLang's load_format="direct") -> D; reload; the shared layout -> S1; scale every
 actor parameter in place and sync shared again (nothing handed over again) -> S2, against an engine-layout sync
 of the same weights; give the final norm new storage and sync shared (handed over again) -> S3, against the
-engine layout. Writes OUT/result.json with, per model, whether E == H == D == S1, S2 == E2, S3 == E3 bit for bit,
-whether every parameter changed (E != S0, S2 != S1), the layouts that ran and the names.
+engine layout. Then the cache flush: greedy log-probs of a prompt whose KV was cached before a shared sync must
+equal those after an explicit flush, and (control) differ after a sync that skipped the flush. Writes
+OUT/result.json with, per model, whether E == H == D == S1, S2 == E2, S3 == E3 bit for bit, whether every parameter
+changed (E != S0, S2 != S1), the flush checks, the layouts that ran and the names.
 """
 
 import json
@@ -97,7 +99,37 @@ def check_model(model: str, scratch: str) -> dict:
         s3 = rollout.save_parameters()
         engine_sync.sync()
         e3 = rollout.save_parameters()
+        # The cache flush: a prompt's KV cached under the old weights must not serve generation after a sync.
+        # The shared layout flushes within its copy call; a sync without a flush (control) must show the stale
+        # cache, or this check could not fail.
+        prompt = list(range(3, 43))
+        greedy = rollout.default_sampling(temperature=0.0, max_new_tokens=4, ignore_eos=True)
+
+        def first_logprobs() -> list[float]:
+            return rollout.generate([prompt], sampling=greedy).samples[0].rollout_logprobs
+
+        def scale_actor(factor: float) -> None:
+            with torch.no_grad():
+                for chunk in actor.model_chunks:
+                    for p in chunk.parameters():
+                        p.mul_(factor)
+
+        first_logprobs()  # cached under the current weights
+        scale_actor(0.8)
+        shared_sync.sync()
+        after_sync = first_logprobs()
+        rollout.flush_cache()
+        fresh = first_logprobs()
+        scale_actor(1.1)
+        with rollout.weight_update(flush_cache=False):
+            for bucket in engine_sync.exporter:
+                rollout.update_bucket(list(bucket), layout="engine")
+        stale = first_logprobs()
+        rollout.flush_cache()
+        fresh2 = first_logprobs()
         out.update(
+            flush_with_shared_sync=after_sync == fresh,
+            stale_without_flush=stale != fresh2,
             shared_layout=shared_sync.layout,
             shared_equals_hf=[n for n in s1 if not torch.equal(s1[n], h[n])] == [],
             shared_in_place_equals_engine=[n for n in s2 if not torch.equal(s2[n], e2[n])] == [],
