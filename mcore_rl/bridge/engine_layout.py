@@ -1,5 +1,6 @@
 """SGLang's own parameter names and layout for the Llama-family decoders, so a weight sync can hand the engine
-tensors it copies as they are (`load_format="direct"`: one copy per engine parameter, no name mapping). Pure.
+tensors it copies as they are (`load_format="direct"`: one copy per engine parameter, no name mapping). Pure,
+except shared_plan, which reads a live model.
 
 The "engine" sync layout differs from the HF layout in three ways, each read from SGLang 0.5.17's sources:
 * q, k, v of a layer are one parameter `self_attn.qkv_proj.{weight,bias}` = rows [q; k; v]
@@ -16,6 +17,10 @@ The exporter packs q, k, v (and gate, up) of one Megatron parameter back to back
 each fused engine tensor is a view over that region: no extra copy. Valid only for an engine at TP=1 and
 pipeline size 1 (each rank would otherwise need its own shard) and unquantized weights; the rollout side checks
 the names and shapes against the running engine before the first sync.
+
+The "shared" sync layout exports nothing: shared_plan says, per engine parameter, which Megatron parameter of an
+actor held whole by one rank (TP=1, PP=1) it is copied from and in which row order, and the engine runs that plan
+on handles to the actor's own parameters (mcore_rl.rollout.engine_params.apply_shared).
 """
 
 from __future__ import annotations

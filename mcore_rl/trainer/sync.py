@@ -78,13 +78,13 @@ def choose_layout(requested: str, blockers: list[str], split: list[str] = ()) ->
 class WeightSync:
     def __init__(self, actor_chunks, hf: dict, mode: str, bucket_bytes: int, rollout, scratch_dir: str,
                  model_path: str, layout: str | None = None):
-        """layout: auto | hf | engine; None reads rollout.weight_sync_layout (rank 0's config decides)."""
+        """layout: auto | hf | engine | shared; None reads rollout.weight_sync_layout (rank 0's config decides)."""
         self.mode = mode
         self.model_path = model_path  # config and tokenizer files for the disk path
         self.rollout = rollout  # RolloutEngine on global rank 0, None elsewhere
         self.actor_chunks, self.hf, self.bucket_bytes = actor_chunks, hf, bucket_bytes
         self.requested_layout = layout
-        self.layout: str | None = None  # hf | engine, once chosen (first sync)
+        self.layout: str | None = None  # hf | engine | shared, once chosen (first sync)
         self.exporter: HFWeightExporter | None = None
         self.scratch_dir = scratch_dir
         self._sender = None
