@@ -131,7 +131,9 @@ def run_engine_benches(args, names, world: int) -> dict:
 
             result.update(rollout.run(engine, prompts, args.n, args.max_new_tokens, args.repeats, args.warmup))
             _save_partial(result, args.json)
-        actor = common.load_actor(path, hf, parallel) if {"weight_sync", "e2e"} & set(names) else None
+        # the actor's optimizer only where it trains (e2e): weight_sync alone then fits larger models
+        actor = (common.load_actor(path, hf, parallel, with_optimizer="e2e" in names)
+                 if {"weight_sync", "e2e"} & set(names) else None)
         if "weight_sync" in names:
             _progress("weight_sync")
             from mcore_rl.bench import weight_sync

@@ -4,7 +4,8 @@ downloads:
     python examples/gpu/make_random_model.py --size 1.5b --out /tmp/model_1.5b
     python tools/bench_throughput.py --json all.json all --model /tmp/model_1.5b --train-model none ...
 
-Embeddings are tied, as in the released Qwen2.5-0.5B / 1.5B. Same recipe as colocated_sync.py (seed 0).
+Embeddings are tied, as in the released Qwen2.5-0.5B / 1.5B / 3B (the released 7B is untied). Same recipe as
+colocated_sync.py (seed 0).
 """
 
 import argparse
@@ -20,7 +21,7 @@ from mcore_rl.bench.train import MODELS  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--size", default="1.5b", help="0.5b | 1.5b | tiny")
+    ap.add_argument("--size", default="1.5b", help="0.5b | 1.5b | 3b | 7b | tiny")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     from transformers import Qwen2Config, Qwen2ForCausalLM

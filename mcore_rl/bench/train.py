@@ -21,9 +21,15 @@ QWEN2_5_0_5B = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidd
                     tie_word_embeddings=False, hidden_act="silu")
 QWEN2_5_1_5B = dict(QWEN2_5_0_5B, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                     num_attention_heads=12, num_key_value_heads=2)
+# Larger dims for the weight-sync scaling figures (the random folders of make_random_model.py tie embeddings).
+QWEN2_5_3B = dict(QWEN2_5_0_5B, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                  num_attention_heads=16, num_key_value_heads=2)
+QWEN2_5_7B = dict(QWEN2_5_0_5B, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                  num_attention_heads=28, num_key_value_heads=4, vocab_size=152064)
 TINY = dict(QWEN2_5_0_5B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=512)
-MODELS = {"qwen2.5-0.5b": QWEN2_5_0_5B, "qwen2.5-1.5b": QWEN2_5_1_5B, "tiny": TINY}
+MODELS = {"qwen2.5-0.5b": QWEN2_5_0_5B, "qwen2.5-1.5b": QWEN2_5_1_5B, "qwen2.5-3b": QWEN2_5_3B,
+          "qwen2.5-7b": QWEN2_5_7B, "tiny": TINY}
 
 
 def flops_per_token(hf: dict, seq_len: int) -> float:
