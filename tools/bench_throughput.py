@@ -32,7 +32,9 @@ ENGINE_BENCHES = ("rollout", "weight_sync", "e2e")
 
 
 def _train_args(p, model_flag: str) -> None:
-    p.add_argument(model_flag, dest="train_model", default="qwen2.5-0.5b", help="qwen2.5-0.5b | qwen2.5-1.5b | tiny (`all --train-model none` skips train)")
+    p.add_argument(model_flag, dest="train_model", default="qwen2.5-0.5b",
+                   help="qwen2.5-0.5b | qwen2.5-1.5b | qwen2.5-3b | qwen2.5-7b | tiny (`all --train-model none` "
+                        "skips train)")
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--tokens", type=int, default=16384, help="tokens per step")
     p.add_argument("--iters", type=int, default=6)
