@@ -34,7 +34,8 @@ APPLY_SHARED = f"{__name__}.apply_shared"
 LOADERS = (DESCRIBE, SAVE, FLAT, SHARE, APPLY_SHARED)
 
 # The trainer's parameters handed over by `share` (one set per engine process): token, ops, source tensors, and
-# the copy program compiled against one model object (SGLang builds a new model on a reload from disk).
+# the copy program compiled against one model object and its first parameter's storage (recompiled if either
+# changes, e.g. on a reload from disk).
 _SHARED: dict = {}
 
 
@@ -99,9 +100,10 @@ def apply_shared(model, named_tensors) -> None:
     token = _path(named_tensors)
     assert _SHARED.get("token") == token, f"apply_shared: token {token!r}, shared {_SHARED.get('token')!r}"
     program = _SHARED.get("program")
-    if program is None or program[0]() is not model:
-        program = _SHARED["program"] = (_weak(model), _compile(model, _SHARED["ops"], _SHARED["sources"]))
-    copies, gathers = program[1]
+    where = next(model.parameters()).data_ptr()  # a reload that replaces parameter storage recompiles too
+    if program is None or program[0]() is not model or program[1] != where:
+        program = _SHARED["program"] = (_weak(model), where, _compile(model, _SHARED["ops"], _SHARED["sources"]))
+    copies, gathers = program[2]
     for dsts, srcs in copies:
         torch._foreach_copy_(dsts, srcs)
     for dst, src, index in gathers:

@@ -127,7 +127,13 @@ def check_model(model: str, scratch: str) -> dict:
         stale = first_logprobs()
         rollout.flush_cache()
         fresh2 = first_logprobs()
+        rollout.update_weights_from_disk(model)  # a reload after the copy plan was compiled: still lands
+        shared_sync.sync()
+        s4 = rollout.save_parameters()
+        engine_sync.sync()
+        e4 = rollout.save_parameters()
         out.update(
+            shared_after_reload_equals_engine=[n for n in s4 if not torch.equal(s4[n], e4[n])] == [],
             flush_with_shared_sync=after_sync == fresh,
             stale_without_flush=stale != fresh2,
             shared_layout=shared_sync.layout,
