@@ -54,17 +54,14 @@ _KEYS = ("seconds", "copy_seconds", "gb_per_s", "ratio_vs_copy", "export_seconds
 def run(engine, actor_chunks, hf: dict, bucket_bytes: int, repeats: int = 3, warmup: int = 1,
         layout: str = "auto") -> dict:
     """engine: the RolloutEngine on global rank 0, None on the other ranks."""
-    from megatron.core import parallel_state as ps
-
     from mcore_rl.parallel.runtime import from_rank0
-    from mcore_rl.trainer.sync import choose_layout, layout_blockers, shared_blockers
+    from mcore_rl.trainer.sync import choose_layout, layout_reasons
 
     if layout not in SYNC_LAYOUTS:
         raise ValueError(f"layout must be one of {SYNC_LAYOUTS}, got {layout!r}")
     decided = None
     if dist.get_rank() == 0:  # rank 0 owns the engine: it decides, as in the trainer
-        blockers = layout_blockers("tensor", hf, engine)
-        split = shared_blockers(ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size())
+        blockers, split = layout_reasons("tensor", hf, engine)
         try:
             chosen = choose_layout("auto" if layout == "all" else layout, blockers, split)
         except ValueError as e:

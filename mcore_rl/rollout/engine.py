@@ -253,16 +253,10 @@ class RolloutEngine:
         token = uuid.uuid4().hex
         named = [(json.dumps({"token": token, "ops": ops}), params[0].detach())]
         named += [("", p.detach()) for p in params[1:]]
-        own_session = self._sync is None and self.backend.call("begin a weight update", self.cfg.request_timeout_s,
-                                                                self.backend.begin_weight_update)
-        try:
+        with self._session_outside_sync():
             check_result(self.backend.call("share the trainer's parameters", self.cfg.request_timeout_s,
                                            self.backend.update_weights_from_tensor, named, flush_cache=False,
                                            load_format=SHARE), "share the trainer's parameters")
-        finally:
-            if own_session:
-                check_result(self.backend.call("end a weight update", self.cfg.request_timeout_s,
-                                               self.backend.end_weight_update), "end a weight update")
         self._shared_token = token
 
     def update_from_shared(self) -> None:
@@ -328,20 +322,30 @@ class RolloutEngine:
             raise ValueError(f"cannot {doing}: {reason}")
         folder = tempfile.mkdtemp(prefix="mcore_rl_engine_")
         path = os.path.join(folder, "out")
-        own_session = self._sync is None and self.backend.call("begin a weight update", self.cfg.request_timeout_s,
-                                                                self.backend.begin_weight_update)
         try:
-            check_result(self.backend.call(doing, self.cfg.request_timeout_s, self.backend.update_weights_from_tensor,
-                                           [(path, torch.zeros(1))], flush_cache=False, load_format=loader), doing)
+            with self._session_outside_sync():
+                check_result(self.backend.call(doing, self.cfg.request_timeout_s,
+                                               self.backend.update_weights_from_tensor, [(path, torch.zeros(1))],
+                                               flush_cache=False, load_format=loader), doing)
             if not os.path.isfile(path):
                 raise RolloutEngineError(f"SGLang accepted the call to {doing} but wrote no {path}: is the engine on "
                                          "another host?")
             return read(path)
         finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    @contextlib.contextmanager
+    def _session_outside_sync(self):
+        """An SGLang weight-update session of its own (no flush, no version bump) around a loader call made outside
+        an open sync; inside one, the sync's session serves."""
+        own_session = self._sync is None and self.backend.call("begin a weight update", self.cfg.request_timeout_s,
+                                                                self.backend.begin_weight_update)
+        try:
+            yield
+        finally:
             if own_session:
                 check_result(self.backend.call("end a weight update", self.cfg.request_timeout_s,
                                                self.backend.end_weight_update), "end a weight update")
-            shutil.rmtree(folder, ignore_errors=True)
 
     def end_update(self, flush_cache: bool = True) -> int:
         """Close the sync: SGLang's end_weight_update (0.5.23), one cache flush, weight_version + 1; return it."""

@@ -53,6 +53,14 @@ def shared_blockers(tp: int, pp: int) -> list[str]:
             "the engine to copy from"]
 
 
+def layout_reasons(mode: str, hf: dict, rollout) -> tuple[list[str], list[str]]:
+    """choose_layout's inputs on rank 0 here: (layout_blockers, shared_blockers of this process's TP / PP)."""
+    from megatron.core import parallel_state as ps
+
+    return (layout_blockers(mode, hf, rollout),
+            shared_blockers(ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()))
+
+
 def choose_layout(requested: str, blockers: list[str], split: list[str] = ()) -> str:
     """hf | engine | shared for rollout.weight_sync_layout=`requested`. blockers: layout_blockers (engine and
     shared); split: shared_blockers (shared only). ValueError when a layout is forced but blocked; auto takes
@@ -93,31 +101,20 @@ class WeightSync:
 
     def _setup(self) -> None:
         """Choose the layout (rank 0) and build the export plan: collective, once."""
-        from megatron.core import parallel_state as ps
-
         rank0 = dist.get_rank() == 0
         requested = (self.requested_layout or self.rollout.cfg.weight_sync_layout) if rank0 else None
         choice = None
         if rank0:
             try:
-                split = shared_blockers(ps.get_tensor_model_parallel_world_size(),
-                                        ps.get_pipeline_model_parallel_world_size())
-                choice = choose_layout(requested, layout_blockers(self.mode, self.hf, self.rollout), split)
+                choice = choose_layout(requested, *layout_reasons(self.mode, self.hf, self.rollout))
             except Exception as e:  # every rank must hear of it, or the others wait in the next collective
                 choice = e
         layout = from_rank0(choice)
         if layout == "shared":
-            verdict = None
-            if rank0:
-                try:
-                    self._shared = SharedParams(self.actor_chunks, self.hf, self.rollout)
-                except ValueError as e:
-                    verdict = e if requested == "shared" else "hf"
-                    if verdict == "hf":
-                        logger.warning("weight sync: HF layout, since %s", e)
-                except Exception as e:
-                    verdict = e
-            if from_rank0(verdict) != "hf":
+            def share() -> None:  # hands the parameters over, checking names and shapes against the engine
+                self._shared = SharedParams(self.actor_chunks, self.hf, self.rollout)
+
+            if self._fits_engine("shared", requested, share):
                 if rank0:
                     logger.info("weight sync: shared layout (the engine copies the actor's parameters into its own)")
                 self.layout = layout
@@ -125,25 +122,35 @@ class WeightSync:
             layout = "hf"
         self.exporter = self._exporter(layout)
         if layout == "engine":
-            verdict = None
-            if rank0:
+            def check() -> None:
                 from mcore_rl.rollout.engine_params import check_names
 
-                try:
-                    check_names({n: s for n, s, _ in self.exporter.tensor_specs()}, self.rollout.engine_parameters(),
-                                "the engine-layout export")
-                except ValueError as e:
-                    verdict = e if requested == "engine" else "hf"
-                    if verdict == "hf":
-                        logger.warning("weight sync: HF layout, since %s", e)
-                except Exception as e:
-                    verdict = e
-            if from_rank0(verdict) == "hf":
+                check_names({n: s for n, s, _ in self.exporter.tensor_specs()}, self.rollout.engine_parameters(),
+                            "the engine-layout export")
+
+            if not self._fits_engine("engine", requested, check):
                 layout = "hf"
                 self.exporter = self._exporter(layout)
             elif rank0:
                 logger.info("weight sync: engine layout (SGLang's own parameters, copied as they are)")
         self.layout = layout
+
+    @staticmethod
+    def _fits_engine(layout: str, requested: str | None, check) -> bool:
+        """Collective. Rank 0 runs `check`, which raises ValueError when `layout` does not fit the running engine:
+        False then (fall back to hf, logged), unless `layout` was asked for by name, when the error is raised on
+        every rank, as is any other exception of `check`."""
+        verdict = None
+        if dist.get_rank() == 0:
+            try:
+                check()
+            except ValueError as e:
+                verdict = e if requested == layout else "hf"
+                if verdict == "hf":
+                    logger.warning("weight sync: HF layout, since %s", e)
+            except Exception as e:
+                verdict = e
+        return from_rank0(verdict) != "hf"
 
     def _exporter(self, layout: str) -> HFWeightExporter:
         exporter = HFWeightExporter(self.actor_chunks, self.hf, bucket_bytes=self.bucket_bytes, destination=0,
