@@ -46,6 +46,10 @@ def _train_args(p, model_flag: str) -> None:
                         "loop always runs Megatron's optimizer as shipped")
     p.add_argument("--fused-swiglu", default="auto", choices=("auto", "on", "off"),
                    help="ModelConfig.fused_swiglu for both sides (same model builder)")
+    p.add_argument("--train-lm-head", default="all", choices=("all", "loss_tokens"),
+                   help="ModelConfig.lm_head of our update: all (the raw loop's work: logits at every position) or "
+                        "loss_tokens (the trainer's default: only where the loss mask reads them; MFU then counts "
+                        "the output layer only where it ran)")
 
 
 def _engine_args(p) -> None:
@@ -62,7 +66,13 @@ def _engine_args(p) -> None:
                         "(shared), buckets of its own parameters (engine), buckets of HF names (hf), what the "
                         "trainer picks (auto), or each possible one measured in one run (all; e2e then uses auto)")
     p.add_argument("--max-tokens-per-micro-batch", type=int, default=4096)
+    p.add_argument("--forward-max-tokens-per-micro-batch", type=int, default=0,
+                   help="e2e: token budget of the forward-only passes' micro batches (0 = twice the update's, as "
+                        "the trainer's actor.forward_max_tokens_per_micro_batch)")
     p.add_argument("--no-ref", action="store_true", help="e2e without the reference model's forward")
+    p.add_argument("--lm-head", default="loss_tokens", choices=("loss_tokens", "all"),
+                   help="e2e: ModelConfig.lm_head of the actor and the reference (the trainer's default: logits "
+                        "only at response tokens); the raw update always computes them at every position")
     p.add_argument("--old-logprobs", choices=("auto", "recompute"), default="auto",
                    help="e2e: auto skips the old log-prob forward (one update a step: exactly on-policy, as the "
                         "trainer's actor.old_logprobs=auto); recompute runs it")
@@ -134,7 +144,7 @@ def run_engine_benches(args, names, world: int) -> dict:
             result.update(rollout.run(engine, prompts, args.n, args.max_new_tokens, args.repeats, args.warmup))
             _save_partial(result, args.json)
         # the actor's optimizer only where it trains (e2e): weight_sync alone then fits larger models
-        actor = (common.load_actor(path, hf, parallel, with_optimizer="e2e" in names)
+        actor = (common.load_actor(path, hf, parallel, with_optimizer="e2e" in names, lm_head=args.lm_head)
                  if {"weight_sync", "e2e"} & set(names) else None)
         if "weight_sync" in names:
             _progress("weight_sync")
@@ -147,10 +157,12 @@ def run_engine_benches(args, names, world: int) -> dict:
             _progress("e2e")
             from mcore_rl.bench import e2e
 
-            ref = None if args.no_ref else common.load_actor(path, hf, parallel, with_optimizer=False)
+            ref = None if args.no_ref else common.load_actor(path, hf, parallel, with_optimizer=False,
+                                                             lm_head=args.lm_head)
             result.update(e2e.run(engine, actor, ref, hf, prompts, args.n, args.max_new_tokens, args.bucket_mb << 20,
                                   args.max_tokens_per_micro_batch, args.repeats, args.warmup, args.old_logprobs,
-                                  "auto" if args.sync_layout == "all" else args.sync_layout))
+                                  "auto" if args.sync_layout == "all" else args.sync_layout,
+                                  args.forward_max_tokens_per_micro_batch))
         if args.json and os.path.exists(args.json + ".partial"):  # complete: main writes args.json
             os.remove(args.json + ".partial")
     finally:
@@ -185,7 +197,7 @@ def main() -> None:
             initialize(ParallelConfig())
             result.update(run(args.train_model, args.seq_len, args.tokens, args.iters, args.train_warmup, args.dtype,
                               recompute=args.recompute, fast_optimizer=args.fast_optimizer,
-                              fused_swiglu=args.fused_swiglu))
+                              fused_swiglu=args.fused_swiglu, lm_head=args.train_lm_head))
         if args.what in ENGINE_BENCHES or args.what == "all":
             names = ENGINE_BENCHES if args.what == "all" else (args.what,)
             result.update(run_engine_benches(args, names, world))

@@ -57,14 +57,15 @@ def raw_sglang(engine):
     return raw
 
 
-def load_actor(path: str, hf: dict, parallel, with_optimizer: bool = True, lr: float = 1e-6):
+def load_actor(path: str, hf: dict, parallel, with_optimizer: bool = True, lr: float = 1e-6,
+               lm_head: str = "loss_tokens"):
     """TrainEngine with the folder's weights (optimizer for the actor, none for a reference)."""
     from mcore_rl.bridge import load_hf_weights
     from mcore_rl.config.model import ModelConfig
     from mcore_rl.config.optim import OptimConfig
     from mcore_rl.engine import TrainEngine
 
-    model_cfg = ModelConfig(dtype=model_dtype(), attention="sdpa", max_seq_len=4096)
+    model_cfg = ModelConfig(dtype=model_dtype(), attention="sdpa", max_seq_len=4096, lm_head=lm_head)
     eng = TrainEngine(hf, model_cfg, parallel, OptimConfig(lr=lr, clip_grad=1.0) if with_optimizer else None)
     load_hf_weights(eng.model_chunks, path, hf)
     eng.reload_master_weights()

@@ -2,6 +2,9 @@
 epoch, a synthetic reward): rollout (RolloutEngine.generate) -> old log-probs (actor forward) -> reference
 log-probs (optional) -> GRPO advantages -> actor update (PPO clip + k3 KL loss) -> colocated weight sync.
 
+The forward-only passes use micro batches of twice the update's token budget, like the trainer's default
+actor.forward_max_tokens_per_micro_batch (--forward-max-tokens-per-micro-batch sets it).
+
 `old_logprobs` follows the trainer's actor.old_logprobs (trainer/rl_step.py old_logprob_source): this step is
 one optimizer update from the whole batch, so `auto` skips the old log-prob forward and the loss takes the
 update's own log-probs, detached, as log pi_old (`e2e.old_logprobs_s` = 0); `recompute` runs it.
@@ -10,7 +13,9 @@ update's own log-probs, detached, as log pi_old (`e2e.old_logprobs_s` = 0); `rec
 Against the sum of raw parts measured in the same run, interleaved: raw sglang.Engine.generate of the same
 prompts and token count, a raw Megatron-Core update of the same token ids (bench.train.RawMegatron), and a plain
 copy of the synced weight bytes. The raw parts have no old / reference forward, so the ratio charges those passes
-to us: it is what a step costs against the least the libraries need for the same rollout and update.
+to us: it is what a step costs against the least the libraries need for the same rollout and update. The raw
+update computes logits at every position, as Megatron does; ours, like the trainer (model.lm_head=loss_tokens),
+only at the response tokens the loss reads (`e2e.lm_head`; --lm-head all does the raw update's work).
 `e2e.ratio_vs_raw_parts` = raw parts / our step (1.0 = no overhead; below 1 = slower).
 """
 
@@ -43,7 +48,7 @@ class GRPOStep:
     """Our step, its parts timed separately (seconds in `last`)."""
 
     def __init__(self, engine, actor, ref, hf: dict, bucket_bytes: int, max_tokens_per_micro_batch: int,
-                 old_logprobs: str = "auto", sync_layout: str = "auto"):
+                 old_logprobs: str = "auto", sync_layout: str = "auto", forward_max_tokens: int = 0):
         from mcore_rl.trainer.sync import WeightSync
 
         if old_logprobs not in ("auto", "recompute"):
@@ -54,6 +59,8 @@ class GRPOStep:
         self.sync = WeightSync(actor.model_chunks, hf, "tensor", bucket_bytes, engine, scratch_dir="", model_path="",
                                layout=sync_layout)
         self.max_tokens = max_tokens_per_micro_batch
+        # forward-only passes: the trainer's actor.forward_max_tokens_per_micro_batch (0 = twice the update's)
+        self.forward_max_tokens = forward_max_tokens or 2 * max_tokens_per_micro_batch
         self.last: dict[str, float] = {}
 
     def __call__(self, prompts, n, sampling) -> int:
@@ -69,9 +76,9 @@ class GRPOStep:
             mask = torch.zeros(p + r)
             mask[p:] = 1.0
             seqs.append({"input_ids": torch.tensor(s.prompt_ids + s.response_ids), "loss_mask": mask})
-        mbs = make_micro_batches(seqs, self.max_tokens)
 
         def logprobs(engine):
+            mbs = make_micro_batches(seqs, self.forward_max_tokens)
             return unpack([o["logprobs"].float() for o in engine.compute_logprobs(mbs)], mbs)
 
         t["old_logprobs"], old = timed(lambda: logprobs(self.actor)) if self.recompute else (0.0, None)
@@ -80,11 +87,11 @@ class GRPOStep:
 
         def update():
             # synthetic reward: share of even token ids in the response (varies within a group)
-            scores = torch.tensor([sum(x % 2 == 0 for x in s.response_ids) / max(1, len(s.response_ids))
-                                   for s in samples])
+            lengths = torch.tensor([len(s.response_ids) for s in samples])
+            scores = torch.stack([(seq["input_ids"][-n:] % 2 == 0).float().mean() if n else torch.tensor(0.0)
+                                  for seq, n in zip(seqs, lengths.tolist())])
             group_ids = torch.tensor([s.group_id for s in samples])
-            width = max(len(s.response_ids) for s in samples)
-            rmask = torch.tensor([[float(j < len(s.response_ids)) for j in range(width)] for s in samples])
+            rmask = (torch.arange(int(lengths.max()))[None, :] < lengths[:, None]).float()
             adv, _ = alg.compute_advantages("grpo", scores=scores, group_ids=group_ids, response_mask=rmask)
             for i, seq in enumerate(seqs):
                 if old is not None:
@@ -106,7 +113,7 @@ class GRPOStep:
 
 def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_tokens: int, bucket_bytes: int,
         max_tokens_per_micro_batch: int = 4096, repeats: int = 2, warmup: int = 1,
-        old_logprobs: str = "auto", sync_layout: str = "auto") -> dict:
+        old_logprobs: str = "auto", sync_layout: str = "auto", forward_max_tokens: int = 0) -> dict:
     from mcore_rl.bench.common import model_dtype
     from mcore_rl.bench.train import RawMegatron
     from mcore_rl.bench.weight_sync import PlainCopy, baseline_exporter
@@ -114,11 +121,13 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
     from mcore_rl.config.parallel import ParallelConfig
 
     sampling = engine.default_sampling(temperature=1.0, max_new_tokens=max_new_tokens, ignore_eos=True)
-    step = GRPOStep(engine, actor, ref, hf, bucket_bytes, max_tokens_per_micro_batch, old_logprobs, sync_layout)
+    step = GRPOStep(engine, actor, ref, hf, bucket_bytes, max_tokens_per_micro_batch, old_logprobs, sync_layout,
+                    forward_max_tokens)
     raw = raw_sglang(engine)
     raw_ids = [list(p) for p in prompts for _ in range(n)]
     raw_params = sampling.to_sglang()
-    raw_train = RawMegatron(hf, ModelConfig(dtype=model_dtype(), attention="sdpa", max_seq_len=4096), ParallelConfig())
+    raw_train = RawMegatron(hf, ModelConfig(dtype=model_dtype(), attention="sdpa", max_seq_len=4096, lm_head="all"),
+                            ParallelConfig())
     copy = PlainCopy(baseline_exporter(step.sync, actor.model_chunks, hf, bucket_bytes))
 
     def raw_parts() -> dict[str, float]:
@@ -142,7 +151,9 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
         raw_totals.append(sum(r.values()))
     out = {"e2e.num_samples": len(raw_ids), "e2e.new_tokens": tokens, "e2e.train_tokens": int(step.last_ids.numel()),
            "e2e.step_s": median(totals), "e2e.raw_parts_s": median(raw_totals),
-           "e2e.old_logprobs_mode": "recompute" if step.recompute else "skip", "e2e.sync_layout": step.sync.layout}
+           "e2e.old_logprobs_mode": "recompute" if step.recompute else "skip", "e2e.sync_layout": step.sync.layout,
+           "e2e.lm_head": getattr(actor.model_chunks[-1], "mcore_rl_lm_head", "all"),
+           "e2e.forward_max_tokens_per_micro_batch": step.forward_max_tokens}
     out["e2e.ratio_vs_raw_parts"] = out["e2e.raw_parts_s"] / out["e2e.step_s"]
     for part in ours[0]:
         out[f"e2e.{part}_s"] = median([o[part] for o in ours])

@@ -160,7 +160,7 @@ def main() -> None:
     print(json.dumps(result, indent=1), flush=True)
 
     hf = MODELS[args.model]
-    model_cfg = ModelConfig(dtype="bf16", attention="sdpa", max_seq_len=args.seq_len)
+    model_cfg = ModelConfig(dtype="bf16", attention="sdpa", max_seq_len=args.seq_len, lm_head="all")  # train's work
     n_seq = args.tokens // args.seq_len
     fixed = _seqs([args.seq_len] * n_seq, hf["vocab_size"], 0)
     ours = TrainEngine(hf, model_cfg, ParallelConfig(), OptimConfig(lr=1e-6, clip_grad=1.0))

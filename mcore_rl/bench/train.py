@@ -9,6 +9,7 @@ s sequence length), against `peak_tflops` (772 for an H200's bf16 matmul, measur
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
 import torch
@@ -98,8 +99,13 @@ class RawMegatron:
 
 def run(model: str = "qwen2.5-0.5b", seq_len: int = 2048, tokens_per_step: int = 16384, iters: int = 6,
         warmup: int = 2, dtype: str = "bf16", peak_tflops: float = 772.0, variable: bool = True,
-        recompute: str = "none", fast_optimizer: str = "auto", fused_swiglu: str = "auto") -> dict:
-    """Benchmark in this process (parallel state must be initialised with TP=PP=DP=1)."""
+        recompute: str = "none", fast_optimizer: str = "auto", fused_swiglu: str = "auto",
+        lm_head: str = "all") -> dict:
+    """Benchmark in this process (parallel state must be initialised with TP=PP=DP=1).
+
+    lm_head: our update's ModelConfig.lm_head. all (default) does the raw loop's work, logits at every position;
+    loss_tokens (the trainer's default) skips the positions the loss does not read (a quarter here), and the MFU
+    then counts the output layer's FLOPs only where it ran."""
     from mcore_rl.config.model import ModelConfig
     from mcore_rl.config.optim import OptimConfig
     from mcore_rl.config.parallel import ParallelConfig
@@ -108,7 +114,7 @@ def run(model: str = "qwen2.5-0.5b", seq_len: int = 2048, tokens_per_step: int =
 
     hf = MODELS[model]
     model_cfg = ModelConfig(dtype=dtype, attention="sdpa", max_seq_len=seq_len, recompute=recompute,
-                            fused_swiglu=fused_swiglu)
+                            fused_swiglu=fused_swiglu, lm_head=lm_head)
     parallel = ParallelConfig()
     n_seq = tokens_per_step // seq_len
     fixed = _seqs([seq_len] * n_seq, hf["vocab_size"], 0)
@@ -122,7 +128,7 @@ def run(model: str = "qwen2.5-0.5b", seq_len: int = 2048, tokens_per_step: int =
         ours.train_step(mbs, _pg_loss(n_tok))
 
     # ---- raw Megatron: forward with labels -> vocab-parallel cross entropy, backward, optimizer step ------------
-    raw = RawMegatron(hf, model_cfg, parallel)
+    raw = RawMegatron(hf, dataclasses.replace(model_cfg, lm_head="all"), parallel)
     ids = torch.stack([s["input_ids"] for s in fixed]).to(raw.device)
 
     def raw_step():
@@ -138,15 +144,19 @@ def run(model: str = "qwen2.5-0.5b", seq_len: int = 2048, tokens_per_step: int =
         torch.cuda.reset_peak_memory_stats()
     med_ours, med_raw = statistics.median(t_ours), statistics.median(t_raw)
     fpt = flops_per_token(hf, seq_len)
+    our_fpt = fpt
+    if lm_head == "loss_tokens":  # the output layer ran only at the positions predicting a loss token
+        ran = sum(int((mb["loss_mask"][..., 1:] != 0).sum()) for mb in mbs) / (n_seq * seq_len)
+        our_fpt = fpt - (1 - ran) * 6 * hf["hidden_size"] * hf["vocab_size"]
     result = {
         "model": model, "dtype": dtype, "recompute": recompute, "seq_len": seq_len, "tokens_per_step": n_seq * seq_len,
-        "train.fast_optimizer": ours.fast_optimizer, "train.fused_swiglu": fused_swiglu,
+        "train.fast_optimizer": ours.fast_optimizer, "train.fused_swiglu": fused_swiglu, "train.lm_head": lm_head,
         "train.step_s": med_ours, "train.raw_step_s": med_raw,
         "train.tokens_per_s": n_seq * seq_len / med_ours, "train.raw_tokens_per_s": n_seq * seq_len / med_raw,
         "train.ratio_vs_raw": med_raw / med_ours,
     }
     if torch.cuda.is_available():
-        result["train.mfu"] = result["train.tokens_per_s"] * fpt / (peak_tflops * 1e12)
+        result["train.mfu"] = result["train.tokens_per_s"] * our_fpt / (peak_tflops * 1e12)
         result["train.raw_mfu"] = result["train.raw_tokens_per_s"] * fpt / (peak_tflops * 1e12)
     del raw
 

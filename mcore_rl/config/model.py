@@ -8,6 +8,7 @@ DTYPES = ("fp32", "bf16", "fp16")
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("auto", "sdpa", "te", "local")
 FUSED_SWIGLU = ("auto", "on", "off")
+LM_HEAD = ("loss_tokens", "all")
 
 
 @dataclass
@@ -30,6 +31,11 @@ class ModelConfig:
     """Megatron's fused SwiGLU (bias_activation_fusion: silu(a) * b and its backward in one torch.compile'd
     kernel each; +8% step throughput at Qwen2.5-0.5B dims on an H200, docs/performance.md). on | off |
     auto (= on GPUs; on a CPU the first step pays the compile, about 20 s)."""
+    lm_head: str = "loss_tokens"
+    """Where the output layer runs. loss_tokens: only at the positions that predict a token of the micro batch's
+    loss_mask (the only log-probs / entropies a loss reads; the others come out 0), which skips the prompt's and
+    the padding's share of the output matmul and the vocabulary softmax (models/lm_head.py). all: every position,
+    as Megatron does."""
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -40,5 +46,7 @@ class ModelConfig:
             raise ValueError(f"model.attention must be one of {ATTENTION}, got {self.attention!r}")
         if self.fused_swiglu not in FUSED_SWIGLU:
             raise ValueError(f"model.fused_swiglu must be one of {FUSED_SWIGLU}, got {self.fused_swiglu!r}")
+        if self.lm_head not in LM_HEAD:
+            raise ValueError(f"model.lm_head must be one of {LM_HEAD}, got {self.lm_head!r}")
         if self.recompute_num_layers < 1:
             raise ValueError(f"model.recompute_num_layers must be >= 1, got {self.recompute_num_layers}")

@@ -45,6 +45,11 @@ class ActorConfig(OptimSettings):
     """Samples (prompt x n) per optimizer step; 0 = the whole step's rollouts in one update."""
     max_tokens_per_micro_batch: int = 4096
     """Token budget of one packed micro batch (dynamic batching); a longer single sequence gets its own."""
+    forward_max_tokens_per_micro_batch: int = 0
+    """Token budget of the micro batches of the forward-only passes (old and reference log-probs, values);
+    0 = twice max_tokens_per_micro_batch. A forward pass keeps no activations for a backward, so larger micro
+    batches fit, and fewer of them spend less host time launching kernels per token: at Qwen2.5-0.5B dims on
+    an H200 the reference forward of 24.6k tokens in two micro batches was 56 ms of GPU work in 140 ms."""
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     """clip-higher (DAPO): a larger high clip lets unlikely tokens gain probability."""
@@ -70,6 +75,11 @@ class ActorConfig(OptimSettings):
       taken against the behaviour policy itself, including the engine/trainer numerics gap (bf16). Single-task
       runs only; not with tis_cap (the TIS weight would be 1)."""
 
+    @property
+    def forward_tokens_per_micro_batch(self) -> int:
+        """The budget forward-only passes use (forward_max_tokens_per_micro_batch, resolved)."""
+        return self.forward_max_tokens_per_micro_batch or 2 * self.max_tokens_per_micro_batch
+
     def __post_init__(self):
         super().__post_init__()
         if self.loss_agg_mode not in LOSS_AGG:
@@ -80,6 +90,9 @@ class ActorConfig(OptimSettings):
             raise ValueError(f"actor.mini_batch_size must be >= 0, got {self.mini_batch_size}")
         if self.max_tokens_per_micro_batch < 1:
             raise ValueError(f"actor.max_tokens_per_micro_batch must be >= 1, got {self.max_tokens_per_micro_batch}")
+        if self.forward_max_tokens_per_micro_batch < 0:
+            raise ValueError("actor.forward_max_tokens_per_micro_batch must be >= 0 (0 = twice "
+                             f"max_tokens_per_micro_batch), got {self.forward_max_tokens_per_micro_batch}")
         if self.old_logprobs not in OLD_LOGPROBS:
             raise ValueError(f"actor.old_logprobs must be one of {OLD_LOGPROBS}, got {self.old_logprobs!r}")
         if self.old_logprobs == "rollout" and self.tis_cap is not None:

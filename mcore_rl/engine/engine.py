@@ -128,7 +128,10 @@ class TrainEngine:
 
     def compute_logprobs(self, micro_batches: Sequence[MicroBatch], *, temperature: float = 1.0,
                          with_entropy: bool = False) -> list[dict[str, torch.Tensor]]:
-        """Per micro batch {"logprobs": ..., ["entropy": ...]} (layout of its input_ids), on every rank."""
+        """Per micro batch {"logprobs": ..., ["entropy": ...]} (layout of its input_ids), on every rank.
+
+        With model.lm_head = loss_tokens (the default) and a "loss_mask" field, only the loss mask's tokens get
+        values (the rest are 0); micro batches without a loss mask get every position's."""
         if self.is_critic:
             raise ValueError("compute_logprobs needs a language model; this engine is a critic (compute_values)")
         return self.forward_backward(micro_batches, None, forward_only=True, temperature=temperature,

@@ -36,6 +36,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from mcore_rl.engine.batching import MicroBatch, pad_micro_batch
 from mcore_rl.engine.logprobs import align_to_tokens, next_token_targets, vocab_parallel_logprobs
+from mcore_rl.models import lm_head
 
 LossFn = Callable[[dict, MicroBatch], "tuple[torch.Tensor, dict[str, torch.Tensor]]"]
 
@@ -91,15 +92,26 @@ def configure_model_config(config, ddp_chunks: Sequence | None, interleaved: boo
 
 
 def per_token_outputs(output: torch.Tensor, mb: MicroBatch, model, *, temperature: float = 1.0,
-                      with_entropy: bool = False) -> dict[str, torch.Tensor]:
-    """The model's last-stage output for one micro batch -> per-token tensors aligned with mb.input_ids."""
+                      with_entropy: bool = False, positions=None) -> dict[str, torch.Tensor]:
+    """The model's last-stage output for one micro batch -> per-token tensors aligned with mb.input_ids.
+
+    positions: lm_head.positions(...) when the model computed logits only there (output [1, n, V/tp]); the
+    results are scattered back to the micro batch's layout, 0 elsewhere."""
     if getattr(model, "mcore_rl_is_critic", False):
         values = output.squeeze(-1).float()  # [b, s, 1] -> [b, s]
         return {"values": align_to_tokens(values, mb.valid_mask, mb.seq_starts if mb.packed else None)}
+    targets = next_token_targets(mb.input_ids)
+    if positions is not None:
+        rows, empty = positions
+        targets = targets[rows].unsqueeze(0)
     logprobs, entropy = vocab_parallel_logprobs(
-        output, next_token_targets(mb.input_ids), model.mcore_rl_vocab_size, temperature=temperature,
+        output, targets, model.mcore_rl_vocab_size, temperature=temperature,
         with_entropy=with_entropy, group=parallel_state.get_tensor_model_parallel_group(),
     )
+    if positions is not None:
+        logprobs = lm_head.scatter(logprobs[0], rows, mb.input_ids.shape, empty)
+        if with_entropy:
+            entropy = lm_head.scatter(entropy[0], rows, mb.input_ids.shape, empty)
     starts = mb.seq_starts if mb.packed else None
     out = {"logprobs": align_to_tokens(logprobs, mb.valid_mask, starts)}
     if with_entropy:
@@ -144,8 +156,9 @@ def forward_backward(chunks: Sequence, micro_batches: Sequence[MicroBatch], loss
     losses: list[torch.Tensor] = []
     metric_values: dict[str, list[torch.Tensor]] = {}
 
-    def loss_func(index: int, mb: MicroBatch, model, output: torch.Tensor):
-        per_token = per_token_outputs(output, mb, model, temperature=temperature, with_entropy=with_entropy)
+    def loss_func(index: int, mb: MicroBatch, model, positions, output: torch.Tensor):
+        per_token = per_token_outputs(output, mb, model, temperature=temperature, with_entropy=with_entropy,
+                                      positions=positions)
         if collect_outputs:
             outputs[index] = {k: v.detach() for k, v in per_token.items()}
         zero_tokens = torch.zeros((), dtype=torch.int, device=output.device)
@@ -161,11 +174,20 @@ def forward_backward(chunks: Sequence, micro_batches: Sequence[MicroBatch], loss
 
     def forward_step(data_iterator, model):
         index, mb = next(data_iterator)
-        mb.to(device)
         raw = unwrap(model)
-        output = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None,
-                       packed_seq_params=mb.packed_seq_params)
-        return output, partial(loss_func, index, mb, raw)
+        # logits only where the loss mask reads them (models/lm_head.py); found before the move, on the host
+        positions = lm_head.positions(mb["loss_mask"]) if lm_head.wants_positions(raw, mb.fields) else None
+        mb.to(device)
+        if positions is not None:
+            positions = (tuple(p.to(device, non_blocking=True) for p in positions[0]), positions[1])
+            raw.mcore_rl_logit_positions = positions[0]
+        try:
+            output = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None,
+                           packed_seq_params=mb.packed_seq_params)
+        finally:
+            if positions is not None:
+                raw.mcore_rl_logit_positions = None
+        return output, partial(loss_func, index, mb, raw, positions)
 
     caller_shapes = [mb.input_ids.shape for mb in micro_batches]
     if len(chunks) > 1:  # the interleaved schedule exchanges fixed shapes (configure_model_config)

@@ -21,7 +21,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from mcore_rl.config.model import ModelConfig
 from mcore_rl.config.parallel import ParallelConfig
-from mcore_rl.models import rope
+from mcore_rl.models import lm_head, rope
 from mcore_rl.models.arch import resolve_arch
 from mcore_rl.models.specs import layer_spec
 
@@ -267,5 +267,6 @@ def build_model(
         # What the engine needs to mask vocabulary padding and to label the model.
         model.mcore_rl_vocab_size = hf["vocab_size"]
         model.mcore_rl_is_critic = value_head
+        lm_head.install(model, "all" if value_head else model_cfg.lm_head)
         chunks.append(model)
     return chunks

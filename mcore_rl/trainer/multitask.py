@@ -258,7 +258,7 @@ class MultiTaskTrainer:
                 mask[len(it.prompt_ids):] = 1.0
                 seqs.append({"input_ids": ids, "loss_mask": mask})
         budget = cfg.actor.max_tokens_per_micro_batch
-        mbs = rl.micro_batches(self.actor, seqs, budget, keep_together=2)
+        mbs = rl.micro_batches(self.actor, seqs, cfg.actor.forward_tokens_per_micro_batch, keep_together=2)
         ref = rl.gather_tokens(self.ref.compute_logprobs(mbs), mbs, "logprobs")
         for seq, r in zip(seqs, ref):
             seq["ref_logprobs"] = r

@@ -125,7 +125,7 @@ def prepare(ctx: StepContext, samples: list, algo: AlgorithmConfig, actor_cfg: A
     t0 = time.perf_counter()
     mine = shard(len(samples), ctx.dp_rank, ctx.dp_size)
     my_samples = [samples[i] for i in mine]
-    mbs = micro_batches(ctx.actor, sequences(my_samples), actor_cfg.max_tokens_per_micro_batch)
+    mbs = micro_batches(ctx.actor, sequences(my_samples), actor_cfg.forward_tokens_per_micro_batch)
     t = ctx.temperature
     recompute = old_source == "recompute"
     old_tok = gather_tokens(ctx.actor.compute_logprobs(mbs, temperature=t), mbs, "logprobs") if recompute else None

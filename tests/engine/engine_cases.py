@@ -68,11 +68,12 @@ def value_loss(outputs, mb):
     return (((outputs["values"] - mb["returns"]) ** 2) * mask).sum(), {}
 
 
-def model_cfg(path: str, dtype: str = "fp32", recompute: str = "none", critic: bool = False):
+def model_cfg(path: str, dtype: str = "fp32", recompute: str = "none", critic: bool = False,
+              lm_head: str = "loss_tokens"):
     from mcore_rl.config.model import ModelConfig
 
     return ModelConfig(path=path, dtype=dtype, recompute=recompute, max_seq_len=64,
-                       critic_value_head_std=0.05 if critic else 0.0)
+                       critic_value_head_std=0.05 if critic else 0.0, lm_head=lm_head)
 
 
 def grads_by_name(engine) -> dict[str, torch.Tensor]:

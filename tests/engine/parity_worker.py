@@ -164,14 +164,34 @@ def run_layout(parallel, flags):
             res["plain_vs_engine_loss"] = abs(loss.item() - losses[0])
             plain_lp = [lp[j, :n] for j, n in enumerate(C.LENGTHS)]
             plain_ent = [ent[j, :n] for j, n in enumerate(C.LENGTHS)]
-            res["plain_vs_engine_logprobs"] = max((a - b).abs().max().item()
-                                                  for a, b in zip(plain_lp, seq_out["logprobs"]))
-            res["plain_vs_engine_entropy"] = max((a - b).abs().max().item()
-                                                 for a, b in zip(plain_ent, seq_out["entropy"]))
+            masks = [s["loss_mask"] for s in all_seqs]
+
+            def masked_gap(a, b, keep):
+                return max(((x - y) * m).abs().max().item() for x, y, m in zip(a, b, keep))
+
+            # lm_head=loss_tokens (the default): log-probs / entropies at the loss mask's tokens, 0 elsewhere
+            res["plain_vs_engine_logprobs"] = masked_gap(plain_lp, seq_out["logprobs"], masks)
+            res["plain_vs_engine_entropy"] = masked_gap(plain_ent, seq_out["entropy"], masks)
+            res["engine_outside_loss_mask"] = max((x * (1 - m)).abs().max().item()
+                                                  for key in ("logprobs", "entropy", "logprobs_t07")
+                                                  for x, m in zip(seq_out[key], masks))
             logp_t = torch.log_softmax(logits[:, :-1] / 0.7, dim=-1)
             lp_t = torch.nn.functional.pad(logp_t.gather(-1, everything.input_ids[:, 1:, None]).squeeze(-1), (1, 0))
-            res["plain_vs_engine_logprobs_t07"] = max((lp_t[j, 1:n] - seq_out["logprobs_t07"][j][1:]).abs().max().item()
-                                                      for j, n in enumerate(C.LENGTHS))
+            res["plain_vs_engine_logprobs_t07"] = masked_gap([lp_t[j, :n] for j, n in enumerate(C.LENGTHS)],
+                                                             seq_out["logprobs_t07"], masks)
+            # lm_head=all: every position (entry 0 of a sequence has no prediction), and the same gradients
+            full = TrainEngine(hf, C.model_cfg(path, lm_head="all"), parallel, optim)
+            ckpt.load(ref / arch / "init", full.model_chunks)
+            full_out = full.compute_logprobs(mbs, with_entropy=True)
+            after_first = [torch.arange(n) > 0 for n in C.LENGTHS]
+            res["plain_vs_lm_head_all_logprobs"] = masked_gap(plain_lp, per_seq(full_out, mbs, "logprobs"), after_first)
+            res["plain_vs_lm_head_all_entropy"] = masked_gap(plain_ent, per_seq(full_out, mbs, "entropy"), after_first)
+            res["lm_head_all_prompt_logprobs"] = max(x[1:C.PROMPT_LEN].abs().min().item()
+                                                     for x in per_seq(full_out, mbs, "logprobs"))
+            full.zero_grad()
+            ffb = full.forward_backward(mbs, C.policy_loss, normalizer=norm, with_entropy=True)
+            res["lm_head_all_loss"] = ffb.loss
+            res["lm_head_all_vs_loss_tokens_grads"] = C.max_diff(C.grads_by_name(full), grads1)
         else:
             reference = torch.load(ref / arch / "per_seq.pt")
             for key, mine in seq_out.items():

@@ -86,7 +86,8 @@ def rel(a: float, b: float) -> float:
 @pytest.mark.parametrize("arch", list(C.ARCHS))
 def test_reference_engine_equals_plain_autograd(reference, arch):
     """TP=1: the engine's micro-batched, globally normalised loss and gradients equal one plain autograd pass
-    over the whole batch (full-vocabulary log_softmax); padded and packed micro batches agree."""
+    over the whole batch (full-vocabulary log_softmax); padded and packed micro batches agree; logits only at the
+    loss tokens (model.lm_head=loss_tokens) equal logits everywhere (all) there, with the same gradients."""
     _, ref = reference
     r = ref[arch]
     assert r["plain_vs_engine_loss"] <= SCALAR_RTOL * abs(r["losses"][0])
@@ -94,6 +95,13 @@ def test_reference_engine_equals_plain_autograd(reference, arch):
     for key in ("plain_vs_engine_logprobs", "plain_vs_engine_entropy", "plain_vs_engine_logprobs_t07",
                 "packed_vs_padded_logprobs", "packed_vs_padded_entropy"):
         assert r[key] <= TOKEN_ATOL, (key, r[key])
+    # model.lm_head: loss_tokens (default) leaves every other token 0; all computes them too (the prompt's
+    # log-probs are non-zero there) and gives the same loss and gradients (the extra rows feed no loss)
+    assert r["engine_outside_loss_mask"] == 0.0
+    assert r["plain_vs_lm_head_all_logprobs"] <= TOKEN_ATOL and r["plain_vs_lm_head_all_entropy"] <= TOKEN_ATOL
+    assert r["lm_head_all_prompt_logprobs"] > 0.0
+    assert rel(r["lm_head_all_loss"], r["losses"][0]) <= SCALAR_RTOL
+    assert r["lm_head_all_vs_loss_tokens_grads"]["rel"] <= GRAD_RTOL, r["lm_head_all_vs_loss_tokens_grads"]
     assert rel(r["packed_loss"], r["losses"][0]) <= SCALAR_RTOL
     assert r["packed_vs_padded_grads"]["rel"] <= GRAD_RTOL, r["packed_vs_padded_grads"]
     # the loss actually moved: two steps of lr 1e-3 on the same batch

@@ -50,6 +50,16 @@ def test_config_errors():
         old_logprob_source("skip", ppo_epochs=1, num_mini_batches=1, kl_in_reward=False)
 
 
+def test_forward_pass_budget():
+    # the forward-only passes (old / reference log-probs, values) default to twice the update's token budget
+    assert ActorConfig(max_tokens_per_micro_batch=3000).forward_tokens_per_micro_batch == 6000
+    cfg = ActorConfig(max_tokens_per_micro_batch=3000, forward_max_tokens_per_micro_batch=5000)
+    assert cfg.forward_tokens_per_micro_batch == 5000
+    with pytest.raises(ValueError, match=r"actor.forward_max_tokens_per_micro_batch must be >= 0 \(0 = twice "
+                                         r"max_tokens_per_micro_batch\), got -1"):
+        ActorConfig(forward_max_tokens_per_micro_batch=-1)
+
+
 @pytest.fixture(scope="module")
 def steps(tmp_path_factory):
     out = tmp_path_factory.mktemp("old_logprobs")
