@@ -65,7 +65,8 @@ class GRPOStep:
 
     def __call__(self, prompts, n, sampling) -> int:
         from mcore_rl import algorithms as alg
-        from mcore_rl.engine.batching import make_micro_batches, unpack
+        from mcore_rl.engine.batching import make_micro_batches
+        from mcore_rl.trainer.rl_step import gather_tokens
 
         t = {}
         t["rollout"], batch = timed(lambda: self.engine.generate(prompts, n=n, sampling=sampling))
@@ -77,9 +78,9 @@ class GRPOStep:
             mask[p:] = 1.0
             seqs.append({"input_ids": torch.tensor(s.prompt_ids + s.response_ids), "loss_mask": mask})
 
-        def logprobs(engine):
+        def logprobs(engine):  # the trainer's path: rl_step.gather_tokens (per-sequence host tensors)
             mbs = make_micro_batches(seqs, self.forward_max_tokens)
-            return unpack([o["logprobs"].float() for o in engine.compute_logprobs(mbs)], mbs)
+            return gather_tokens(engine.compute_logprobs(mbs), mbs, "logprobs")
 
         t["old_logprobs"], old = timed(lambda: logprobs(self.actor)) if self.recompute else (0.0, None)
         if self.ref is not None:
@@ -95,10 +96,10 @@ class GRPOStep:
             adv, _ = alg.compute_advantages("grpo", scores=scores, group_ids=group_ids, response_mask=rmask)
             for i, seq in enumerate(seqs):
                 if old is not None:
-                    seq["old_logprobs"] = old[i].cpu()
+                    seq["old_logprobs"] = old[i]
                 seq["advantages"] = seq["loss_mask"] * adv[i, 0]
                 if self.ref is not None:
-                    seq["ref_logprobs"] = ref[i].cpu()
+                    seq["ref_logprobs"] = ref[i]
             train_mbs = make_micro_batches(seqs, self.max_tokens)
             num_tokens = float(sum(seq["loss_mask"].sum() for seq in seqs))
             self.actor.train_step(train_mbs, _pg_kl_loss(num_tokens, self.ref is not None, not self.recompute))

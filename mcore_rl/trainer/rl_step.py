@@ -222,9 +222,15 @@ def micro_batches(engine, seqs, max_tokens: int, keep_together: int = 1):
 
 
 def gather_tokens(outputs, mbs, key: str):
+    """Per-sequence host tensors (float32) of one per-token output, in the sequences' order: one device-to-host
+    copy for the whole batch, not one (and one stream sync) per sequence."""
     from mcore_rl.engine.batching import unpack
 
-    return [t.float().cpu() for t in unpack([o[key] for o in outputs], mbs)]
+    per_seq = unpack([o[key] for o in outputs], mbs)
+    if not per_seq:
+        return []
+    flat = torch.cat([t.float() for t in per_seq]).cpu()
+    return list(flat.split([t.numel() for t in per_seq]))
 
 
 def all_gather_resp(per_token, my_samples, width, dp_group):

@@ -82,7 +82,10 @@ if __name__ == "__main__":
 
     algo = AlgorithmConfig(adv_estimator="grpo", n_samples_per_prompt=4)
     ref = engine(ref_path, None)
-    base = dict(lr=1e-3, clip_grad=1.0, kl_loss_coef=0.1, entropy_coef=0.01, max_tokens_per_micro_batch=32)
+    # the forward pass packs like the update (forward budget = the update's), so recompute's old log-probs equal
+    # the update's bit for bit and the comparison below is exact
+    base = dict(lr=1e-3, clip_grad=1.0, kl_loss_coef=0.1, entropy_coef=0.01, max_tokens_per_micro_batch=32,
+                forward_max_tokens_per_micro_batch=32)
     result = {"runs": {}}
     weights = {}
     init = None
