@@ -175,11 +175,9 @@ def forward_backward(chunks: Sequence, micro_batches: Sequence[MicroBatch], loss
     def forward_step(data_iterator, model):
         index, mb = next(data_iterator)
         raw = unwrap(model)
-        # logits only where the loss mask reads them (models/lm_head.py); found before the move, on the host
-        positions = lm_head.positions(mb["loss_mask"]) if lm_head.wants_positions(raw, mb.fields) else None
-        mb.to(device)
+        # logits only where the loss mask reads them (models/lm_head.py)
+        positions = logit_positions[index] if lm_head.wants_positions(raw, mb.fields) else None
         if positions is not None:
-            positions = (tuple(p.to(device, non_blocking=True) for p in positions[0]), positions[1])
             raw.mcore_rl_logit_positions = positions[0]
         try:
             output = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None,
@@ -194,6 +192,15 @@ def forward_backward(chunks: Sequence, micro_batches: Sequence[MicroBatch], loss
         rows = max(s[0] for s in caller_shapes)
         length = max(s[1] for s in caller_shapes)
         micro_batches = [pad_micro_batch(mb, length, rows) for mb in micro_batches]
+    # Every micro batch moves to the device before the schedule starts: a copy from pageable host memory waits
+    # for the stream to drain, so moving each one as its forward begins would stall the host once per micro batch
+    # behind the previous one's queued kernels. The logit positions (models/lm_head.py) are found on the host.
+    wants = any(lm_head.wants_positions(m, {"loss_mask": None}) for m in models)
+    logit_positions = []
+    for mb in micro_batches:
+        found = lm_head.positions(mb["loss_mask"]) if wants and "loss_mask" in mb.fields else None
+        mb.to(device)
+        logit_positions.append(None if found is None else (tuple(p.to(device) for p in found[0]), found[1]))
     # Each chunk walks through all micro batches in order; the schedule interleaves the chunks.
     iterators = [iter(list(enumerate(micro_batches))) for _ in chunks]
     for c in chunks:
