@@ -49,6 +49,7 @@ class GRPOStep:
 
     def __init__(self, engine, actor, ref, hf: dict, bucket_bytes: int, max_tokens_per_micro_batch: int,
                  old_logprobs: str = "auto", sync_layout: str = "auto", forward_max_tokens: int = 0):
+        from mcore_rl.config.rl import ActorConfig
         from mcore_rl.trainer.sync import WeightSync
 
         if old_logprobs not in ("auto", "recompute"):
@@ -59,8 +60,10 @@ class GRPOStep:
         self.sync = WeightSync(actor.model_chunks, hf, "tensor", bucket_bytes, engine, scratch_dir="", model_path="",
                                layout=sync_layout)
         self.max_tokens = max_tokens_per_micro_batch
-        # forward-only passes: the trainer's actor.forward_max_tokens_per_micro_batch (0 = twice the update's)
-        self.forward_max_tokens = forward_max_tokens or 2 * max_tokens_per_micro_batch
+        # forward-only passes: the trainer's actor.forward_max_tokens_per_micro_batch, resolved by its own rule
+        self.forward_max_tokens = ActorConfig(max_tokens_per_micro_batch=max_tokens_per_micro_batch,
+                                              forward_max_tokens_per_micro_batch=forward_max_tokens
+                                              ).forward_tokens_per_micro_batch
         self.last: dict[str, float] = {}
 
     def __call__(self, prompts, n, sampling) -> int:

@@ -111,6 +111,7 @@ def run(model: str = "qwen2.5-0.5b", seq_len: int = 2048, tokens_per_step: int =
     from mcore_rl.config.parallel import ParallelConfig
     from mcore_rl.engine import TrainEngine
     from mcore_rl.engine.batching import make_micro_batches
+    from mcore_rl.models.lm_head import positions as logit_positions
 
     hf = MODELS[model]
     model_cfg = ModelConfig(dtype=dtype, attention="sdpa", max_seq_len=seq_len, recompute=recompute,
@@ -146,7 +147,7 @@ def run(model: str = "qwen2.5-0.5b", seq_len: int = 2048, tokens_per_step: int =
     fpt = flops_per_token(hf, seq_len)
     our_fpt = fpt
     if lm_head == "loss_tokens":  # the output layer ran only at the positions predicting a loss token
-        ran = sum(int((mb["loss_mask"][..., 1:] != 0).sum()) for mb in mbs) / (n_seq * seq_len)
+        ran = sum(logit_positions(mb["loss_mask"])[0][0].numel() for mb in mbs) / (n_seq * seq_len)
         our_fpt = fpt - (1 - ran) * 6 * hf["hidden_size"] * hf["vocab_size"]
     result = {
         "model": model, "dtype": dtype, "recompute": recompute, "seq_len": seq_len, "tokens_per_step": n_seq * seq_len,

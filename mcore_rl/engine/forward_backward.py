@@ -176,7 +176,7 @@ def forward_backward(chunks: Sequence, micro_batches: Sequence[MicroBatch], loss
         index, mb = next(data_iterator)
         raw = unwrap(model)
         # logits only where the loss mask reads them (models/lm_head.py)
-        positions = logit_positions[index] if lm_head.wants_positions(raw, mb.fields) else None
+        positions = logit_positions[index] if lm_head.selects_rows(raw) else None
         if positions is not None:
             raw.mcore_rl_logit_positions = positions[0]
         try:
@@ -195,10 +195,10 @@ def forward_backward(chunks: Sequence, micro_batches: Sequence[MicroBatch], loss
     # Every micro batch moves to the device before the schedule starts: a copy from pageable host memory waits
     # for the stream to drain, so moving each one as its forward begins would stall the host once per micro batch
     # behind the previous one's queued kernels. The logit positions (models/lm_head.py) are found on the host.
-    wants = any(lm_head.wants_positions(m, {"loss_mask": None}) for m in models)
-    logit_positions = []
+    selects = any(lm_head.selects_rows(m) for m in models)
+    logit_positions = []  # None for a micro batch without a loss mask: every position then
     for mb in micro_batches:
-        found = lm_head.positions(mb["loss_mask"]) if wants and "loss_mask" in mb.fields else None
+        found = lm_head.positions(mb["loss_mask"]) if selects and "loss_mask" in mb.fields else None
         mb.to(device)
         logit_positions.append(None if found is None else (tuple(p.to(device) for p in found[0]), found[1]))
     # Each chunk walks through all micro batches in order; the schedule interleaves the chunks.

@@ -50,10 +50,11 @@ def install(model, mode: str) -> None:
     layer.register_forward_pre_hook(keep_rows, with_kwargs=True)
 
 
-def wants_positions(model, fields: dict) -> bool:
-    """True when `model` (unwrapped) computes logits only at loss positions and the micro batch has a loss mask."""
+def selects_rows(model) -> bool:
+    """True when `model` (an unwrapped chunk) is a language model's last stage that computes logits only at the
+    positions it is handed (mode loss_tokens, hooked by `install`)."""
     return (getattr(model, "mcore_rl_lm_head", "all") == "loss_tokens" and getattr(model, "post_process", False)
-            and not getattr(model, "mcore_rl_is_critic", False) and "loss_mask" in fields)
+            and not getattr(model, "mcore_rl_is_critic", False))
 
 
 def positions(loss_mask: Tensor) -> tuple[tuple[Tensor, Tensor], bool]:

@@ -186,7 +186,7 @@ def run_layout(parallel, flags):
             after_first = [torch.arange(n) > 0 for n in C.LENGTHS]
             res["plain_vs_lm_head_all_logprobs"] = masked_gap(plain_lp, per_seq(full_out, mbs, "logprobs"), after_first)
             res["plain_vs_lm_head_all_entropy"] = masked_gap(plain_ent, per_seq(full_out, mbs, "entropy"), after_first)
-            res["lm_head_all_prompt_logprobs"] = max(x[1:C.PROMPT_LEN].abs().min().item()
+            res["lm_head_all_prompt_logprobs"] = min(x[1:C.PROMPT_LEN].abs().min().item()
                                                      for x in per_seq(full_out, mbs, "logprobs"))
             full.zero_grad()
             ffb = full.forward_backward(mbs, C.policy_loss, normalizer=norm, with_entropy=True)
