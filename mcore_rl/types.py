@@ -36,6 +36,9 @@ class Sample:
 class RolloutBatch:
     samples: list[Sample]
     weight_version: int = 0
+    """The engine's completed weight syncs when it generated these samples."""
+    policy_version: int = 0
+    """The trainer's numbering of those weights (RolloutEngine.policy_version)."""
 
     def __len__(self) -> int:
         return len(self.samples)

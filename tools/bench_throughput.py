@@ -26,7 +26,8 @@ import os
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the checkout: multitask runs its tools/ and conf/
+sys.path.insert(0, ROOT)
 
 ENGINE_BENCHES = ("rollout", "weight_sync", "e2e")
 
@@ -46,6 +47,10 @@ def _train_args(p, model_flag: str) -> None:
                         "loop always runs Megatron's optimizer as shipped")
     p.add_argument("--fused-swiglu", default="auto", choices=("auto", "on", "off"),
                    help="ModelConfig.fused_swiglu for both sides (same model builder)")
+    p.add_argument("--packed-rope", default="on", choices=("on", "off"),
+                   help="ModelConfig.packed_rope for both sides: off = Megatron's per-sequence RoPE")
+    p.add_argument("--compile-rope", default="off", choices=("off", "on", "auto"),
+                   help="ModelConfig.compile_rope for both sides: torch.compile the packed RoPE rotation")
     p.add_argument("--train-lm-head", default="all", choices=("all", "loss_tokens"),
                    help="ModelConfig.lm_head of our update: all (the raw loop's work: logits at every position) or "
                         "loss_tokens (the trainer's default: only where the loss mask reads them; MFU then counts "
@@ -186,7 +191,7 @@ def main() -> None:
         from mcore_rl.bench import multitask
 
         _progress("multitask: the recipe with all its tasks, then each task alone")
-        result.update(multitask.run(args.experiment, args.steps, args.nproc, args.overrides))
+        result.update(multitask.run(ROOT, args.experiment, args.steps, args.nproc, args.overrides))
         _report(result, args.json)
         return
     try:
@@ -197,7 +202,8 @@ def main() -> None:
             initialize(ParallelConfig())
             result.update(run(args.train_model, args.seq_len, args.tokens, args.iters, args.train_warmup, args.dtype,
                               recompute=args.recompute, fast_optimizer=args.fast_optimizer,
-                              fused_swiglu=args.fused_swiglu, lm_head=args.train_lm_head))
+                              fused_swiglu=args.fused_swiglu, lm_head=args.train_lm_head,
+                              packed_rope=args.packed_rope == "on", compile_rope=args.compile_rope))
         if args.what in ENGINE_BENCHES or args.what == "all":
             names = ENGINE_BENCHES if args.what == "all" else (args.what,)
             result.update(run_engine_benches(args, names, world))

@@ -49,11 +49,12 @@ def main():
     from mcore_rl.config.optim import OptimConfig
     from mcore_rl.config.parallel import ParallelConfig
     from mcore_rl.config.rollout import RolloutConfig
+    from mcore_rl.config.weight_sync import WeightSyncConfig
     from mcore_rl.engine import TrainEngine
     from mcore_rl.engine.batching import make_micro_batches, unpack
     from mcore_rl.parallel import initialize
     from mcore_rl.rollout.engine import RolloutEngine
-    from mcore_rl.trainer.sync import WeightSync
+    from mcore_rl.weight_sync import WeightSync
 
     hf = dict(QWEN2_5_0_5B if args.size == "0.5b" else TINY, tie_word_embeddings=True, torch_dtype="bfloat16")
     path = "/tmp/colocated_model"
@@ -124,7 +125,7 @@ def main():
     t = time.time()
     rollout.resume_memory()
     res["resume_s"] = time.time() - t
-    sync = WeightSync(actor.model_chunks, hf, "tensor", 512 << 20, rollout, "/tmp/scratch", path)
+    sync = WeightSync(WeightSyncConfig(), actor.model_chunks, hf, rollout, scratch_dir="/tmp/scratch", model_path=path)
     sync.sync()  # warm-up (plan + first transfer)
     torch.cuda.synchronize()
     t = time.time()

@@ -50,15 +50,16 @@ class GRPOStep:
     def __init__(self, engine, actor, ref, hf: dict, bucket_bytes: int, max_tokens_per_micro_batch: int,
                  old_logprobs: str = "auto", sync_layout: str = "auto", forward_max_tokens: int = 0):
         from mcore_rl.config.rl import ActorConfig
-        from mcore_rl.trainer.sync import WeightSync
+        from mcore_rl.config.weight_sync import WeightSyncConfig
+        from mcore_rl.weight_sync import WeightSync
 
         if old_logprobs not in ("auto", "recompute"):
             raise ValueError(f"old_logprobs must be auto or recompute, got {old_logprobs!r}")
         self.engine, self.actor, self.ref = engine, actor, ref
         self.recompute = old_logprobs == "recompute"  # auto: one update from the whole batch, so skip
         # the trainer's weight sync, in the layout it would choose (sync_layout=auto) or the one asked for
-        self.sync = WeightSync(actor.model_chunks, hf, "tensor", bucket_bytes, engine, scratch_dir="", model_path="",
-                               layout=sync_layout)
+        self.sync = WeightSync(WeightSyncConfig(layout=sync_layout), actor.model_chunks, hf, engine,
+                               bucket_bytes=bucket_bytes)
         self.max_tokens = max_tokens_per_micro_batch
         # forward-only passes: the trainer's actor.forward_max_tokens_per_micro_batch, resolved by its own rule
         self.forward_max_tokens = ActorConfig(max_tokens_per_micro_batch=max_tokens_per_micro_batch,
@@ -156,7 +157,7 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
     out = {"e2e.num_samples": len(raw_ids), "e2e.new_tokens": tokens, "e2e.train_tokens": int(step.last_ids.numel()),
            "e2e.step_s": median(totals), "e2e.raw_parts_s": median(raw_totals),
            "e2e.old_logprobs_mode": "recompute" if step.recompute else "skip", "e2e.sync_layout": step.sync.layout,
-           "e2e.lm_head": getattr(actor.model_chunks[-1], "mcore_rl_lm_head", "all"),
+           "e2e.lm_head": actor.model_info.lm_head,
            "e2e.forward_max_tokens_per_micro_batch": step.forward_max_tokens}
     out["e2e.ratio_vs_raw_parts"] = out["e2e.raw_parts_s"] / out["e2e.step_s"]
     for part in ours[0]:

@@ -10,34 +10,29 @@ of their step times.
     multitask.step_s, multitask.<task>_step_s, multitask.separate_step_s (sum), multitask.step_ratio_vs_separate
     multitask.peak_rss_gb, multitask.separate_peak_rss_gb (sum), multitask.memory_ratio_vs_separate
     (and the *_peak_gpu_gb figures on CUDA)
+
+The runs need a checkout (tools/train_ppo.py and the recipes under conf/), which the caller names: `repo`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from mcore_rl.net import free_port
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run(nproc: int, overrides: list[str], out: Path, timeout: float) -> list[dict]:
+def _run(repo: Path, nproc: int, overrides: list[str], out: Path, timeout: float) -> list[dict]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
-           str(_free_port()), str(ROOT / "tools" / "train_ppo.py"), *overrides, f"trainer.output_dir={out}",
+           str(free_port()), str(repo / "tools" / "train_ppo.py"), *overrides, f"trainer.output_dir={out}",
            "trainer.export_hf=false", "trainer.save_every=0", "logger.tensorboard=false"]
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"training run failed (exit {proc.returncode}): {' '.join(cmd)}\n"
                            f"{(proc.stdout + proc.stderr)[-4000:]}")
@@ -55,28 +50,31 @@ def _summary(rows: list[dict]) -> dict:
     return out
 
 
-def configured_tasks(experiment: str, overrides: list[str]) -> list[str]:
+def configured_tasks(repo: Path, experiment: str, overrides: list[str]) -> list[str]:
     """The task names the experiment (with the overrides) trains."""
     from hydra import compose, initialize_config_dir
 
     from mcore_rl.config.root import register, to_object
 
     register()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+    with initialize_config_dir(config_dir=str(Path(repo).resolve() / "conf"), version_base=None):
         cfg = to_object(compose("config", overrides=[f"experiment={experiment}", *overrides]))
     return [t.name for t in cfg.tasks]
 
 
-def run(experiment: str, steps: int, nproc: int, overrides: list[str], timeout: float = 3600) -> dict:
-    """Figures of the multi-task run against each task alone (keys in the module docstring)."""
-    task_names = configured_tasks(experiment, overrides)
+def run(repo: str | os.PathLike, experiment: str, steps: int, nproc: int, overrides: list[str],
+        timeout: float = 3600) -> dict:
+    """Figures of the multi-task run against each task alone (keys in the module docstring). repo: the checkout
+    whose tools/train_ppo.py runs and whose conf/ holds the recipe."""
+    repo = Path(repo)
+    task_names = configured_tasks(repo, experiment, overrides)
     if len(task_names) < 2:
         raise ValueError(f"the multitask benchmark needs at least two tasks, got {task_names}")
     common = [f"experiment={experiment}", f"trainer.total_steps={steps}", *overrides]
     res: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="bench_multitask_") as tmp:
-        together = _summary(_run(nproc, common, Path(tmp) / "together", timeout))
-        alone = {name: _summary(_run(nproc, common + [f"multitask.only=[{name}]"], Path(tmp) / name, timeout))
+        together = _summary(_run(repo, nproc, common, Path(tmp) / "together", timeout))
+        alone = {name: _summary(_run(repo, nproc, common + [f"multitask.only=[{name}]"], Path(tmp) / name, timeout))
                  for name in task_names}
     for key, value in together.items():
         res[f"multitask.{key}"] = value

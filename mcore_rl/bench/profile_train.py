@@ -61,7 +61,8 @@ def check_paths(device) -> dict:
     cfg = TransformerConfig(num_layers=1, hidden_size=14 * 64, num_attention_heads=14, num_query_groups=2,
                             kv_channels=64, attention_dropout=0.0)
     tp_one = SimpleNamespace(tp=SimpleNamespace(size=lambda: 1))
-    attn = att.SDPAttention(cfg, 1, None, "self", pg_collection=tp_one).to(device)
+    attns = {impl: att.SDPAttention(cfg, 1, None, "self", pg_collection=tp_one, packed_impl=impl).to(device)
+             for impl in ("loop", "padded", "varlen")}
     for name, lengths in (("uniform", [512] * 4), ("variable", [300, 17, 700, 1, 229])):
         t = sum(lengths)
         cu = torch.tensor([0] + list(att._cumsum(lengths)), dtype=torch.int32, device=device)
@@ -71,9 +72,8 @@ def check_paths(device) -> dict:
         for impl in ("loop", "padded", "varlen"):
             params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
                                      max_seqlen_q=max(lengths), max_seqlen_kv=max(lengths))
-            att.PACKED_IMPL = impl
             q, k, v = (x.clone().requires_grad_() for x in base)
-            o = attn(q, k, v, None, packed_seq_params=params)
+            o = attns[impl](q, k, v, None, packed_seq_params=params)
             g = torch.randn_like(o, generator=None) if not grads else grads["g"]
             grads["g"] = g
             o.backward(g)
@@ -82,7 +82,6 @@ def check_paths(device) -> dict:
             out[f"attn.{name}.{impl}_vs_loop.max_abs_out"] = (outs[impl][0] - outs["loop"][0]).abs().max().item()
             out[f"attn.{name}.{impl}_vs_loop.max_abs_grad"] = max(
                 (a - b).abs().max().item() for a, b in zip(outs[impl][1:], outs["loop"][1:]))
-    att.PACKED_IMPL = "auto"
     # log-probs: 4096 rows x 151,936 (vocab 151,665 real), bf16 logits
     rows, V, vocab = 4096, 151936, 151665
     x = (torch.randn(rows, V, device=device) * 4).to(torch.bfloat16)
@@ -126,6 +125,17 @@ def check_paths(device) -> dict:
     return out
 
 
+def _set_packed_attention(engine, impl: str) -> None:
+    """Switch the live engine's SDPA layers to `impl` (ModelConfig.packed_attention) between variants: one engine
+    for every variant keeps the weights and the memory layout the same."""
+    from mcore_rl.models.attention import SDPAttention
+
+    for chunk in engine.model_chunks:
+        for module in chunk.modules():
+            if isinstance(module, SDPAttention):
+                module.packed_impl = impl
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="qwen2.5-0.5b")
@@ -149,7 +159,6 @@ def main() -> None:
     from mcore_rl.engine import TrainEngine
     from mcore_rl.engine import logprobs as lp
     from mcore_rl.engine.batching import make_micro_batches
-    from mcore_rl.models import attention as att
     from mcore_rl.parallel import destroy, initialize
 
     os.makedirs(args.out, exist_ok=True)
@@ -182,7 +191,8 @@ def main() -> None:
     raw_times = []
     for variant in args.variants.split(","):
         impl, fused = variant.split(":")
-        att.PACKED_IMPL, lp.FUSED = impl, fused
+        _set_packed_attention(ours, impl)
+        lp.FUSED = fused
         for _ in range(2):
             our_step(), raw_step()
         t_ours, t_raw = [], []
@@ -213,7 +223,8 @@ def main() -> None:
     tables.append(f"==== raw Megatron step: {result['raw.step_s']:.4f} s; profiled kernels "
                   f"{_device_busy_s(prof):.4f} s\n" + _table(prof))
     print(tables[-1], flush=True)
-    att.PACKED_IMPL, lp.FUSED = "auto", "auto"
+    _set_packed_attention(ours, model_cfg.packed_attention)
+    lp.FUSED = "auto"
     with open(os.path.join(args.out, f"profile_train_{args.model}.json"), "w") as f:
         json.dump(result, f, indent=1)
     with open(os.path.join(args.out, f"profile_tables_{args.model}.txt"), "w") as f:

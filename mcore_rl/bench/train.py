@@ -4,7 +4,8 @@ backward, Megatron optimizer step) on the same model dims and the same tokens, i
 ratio holds on a noisy machine. Also packed against padded micro batches on variable-length sequences.
 
 MFU counts (6 N + 12 L h s) FLOPs per token (N = parameters without embeddings' lookups, L layers, h hidden,
-s sequence length), against `peak_tflops` (772 for an H200's bf16 matmul, measured in ../shared/FACTS.md).
+s sequence length), against `peak_tflops` (772 TFLOP/s: an H200's dense bf16 matmul rate, the figure the MFU
+columns of docs/performance.md use).
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ class RawMegatron:
         from mcore_rl.engine.optimizer import wrap_ddp
         from mcore_rl.models.builder import build_model
 
-        chunks = build_model(hf, model_cfg, parallel)
+        chunks = build_model(hf, model_cfg, parallel).chunks  # the raw baseline: no lm_head row selection
         self.ddp = wrap_ddp(chunks, OptimConfig(lr=1e-6))
         chunks[0].config.calculate_per_token_loss = False
         ocfg = OptimizerConfig(optimizer="adam", lr=1e-6, bf16=model_cfg.dtype == "bf16",
@@ -100,12 +101,13 @@ class RawMegatron:
 def run(model: str = "qwen2.5-0.5b", seq_len: int = 2048, tokens_per_step: int = 16384, iters: int = 6,
         warmup: int = 2, dtype: str = "bf16", peak_tflops: float = 772.0, variable: bool = True,
         recompute: str = "none", fast_optimizer: str = "auto", fused_swiglu: str = "auto",
-        lm_head: str = "all") -> dict:
+        lm_head: str = "all", packed_rope: bool = True, compile_rope: str = "off") -> dict:
     """Benchmark in this process (parallel state must be initialised with TP=PP=DP=1).
 
     lm_head: our update's ModelConfig.lm_head. all (default) does the raw loop's work, logits at every position;
     loss_tokens (the trainer's default) skips the positions the loss does not read (a quarter here), and the MFU
-    then counts the output layer's FLOPs only where it ran."""
+    then counts the output layer's FLOPs only where it ran. fused_swiglu, packed_rope, compile_rope: the
+    ModelConfig options of both sides (RoPE is process-wide: models/rope.py)."""
     from mcore_rl.config.model import ModelConfig
     from mcore_rl.config.optim import OptimConfig
     from mcore_rl.config.parallel import ParallelConfig
@@ -115,7 +117,8 @@ def run(model: str = "qwen2.5-0.5b", seq_len: int = 2048, tokens_per_step: int =
 
     hf = MODELS[model]
     model_cfg = ModelConfig(dtype=dtype, attention="sdpa", max_seq_len=seq_len, recompute=recompute,
-                            fused_swiglu=fused_swiglu, lm_head=lm_head)
+                            fused_swiglu=fused_swiglu, lm_head=lm_head, packed_rope=packed_rope,
+                            compile_rope=compile_rope)
     parallel = ParallelConfig()
     n_seq = tokens_per_step // seq_len
     fixed = _seqs([seq_len] * n_seq, hf["vocab_size"], 0)
@@ -152,6 +155,7 @@ def run(model: str = "qwen2.5-0.5b", seq_len: int = 2048, tokens_per_step: int =
     result = {
         "model": model, "dtype": dtype, "recompute": recompute, "seq_len": seq_len, "tokens_per_step": n_seq * seq_len,
         "train.fast_optimizer": ours.fast_optimizer, "train.fused_swiglu": fused_swiglu, "train.lm_head": lm_head,
+        "train.packed_rope": packed_rope, "train.compile_rope": compile_rope,
         "train.step_s": med_ours, "train.raw_step_s": med_raw,
         "train.tokens_per_s": n_seq * seq_len / med_ours, "train.raw_tokens_per_s": n_seq * seq_len / med_raw,
         "train.ratio_vs_raw": med_raw / med_ours,

@@ -1,5 +1,5 @@
-"""Colocated weight sync: the trainer's own WeightSync (trainer/sync.py: export through HFWeightExporter with its
-TP all-gather and buckets, or the shared layout's copy from the actor's own parameters; begin_update, the load,
+"""Colocated weight sync: the trainer's own WeightSync (mcore_rl.weight_sync: export through HFWeightExporter with
+its TP all-gather and buckets, or the shared layout's copy from the actor's own parameters; begin_update, the load,
 end_update with its cache flush) against a plain copy of the same bytes (torch copy_ of the exported tensors into
 preallocated tensors of the same shapes, on the receiving rank). Repeats alternate; the ratio is sync time / copy
 time (1.0 = as fast as a copy). Also export alone (no engine) in seconds per GB, through
@@ -54,20 +54,20 @@ _KEYS = ("seconds", "copy_seconds", "gb_per_s", "ratio_vs_copy", "export_seconds
 def run(engine, actor_chunks, hf: dict, bucket_bytes: int, repeats: int = 3, warmup: int = 1,
         layout: str = "auto") -> dict:
     """engine: the RolloutEngine on global rank 0, None on the other ranks."""
+    from mcore_rl.config.weight_sync import WeightSyncConfig
     from mcore_rl.parallel.runtime import from_rank0
-    from mcore_rl.trainer.sync import choose_layout, layout_reasons
+    from mcore_rl.weight_sync.plan import possible_layouts
+    from mcore_rl.weight_sync.sync import choose_layout, plan_inputs
 
     if layout not in SYNC_LAYOUTS:
         raise ValueError(f"layout must be one of {SYNC_LAYOUTS}, got {layout!r}")
     decided = None
     if dist.get_rank() == 0:  # rank 0 owns the engine: it decides, as in the trainer
-        blockers, split = layout_reasons("tensor", hf, engine)
         try:
-            chosen = choose_layout("auto" if layout == "all" else layout, blockers, split)
+            chosen = choose_layout(WeightSyncConfig(), hf, engine, "auto" if layout == "all" else layout).layout
         except ValueError as e:
             chosen = e
-        possible = ["hf"] + (["engine"] if not blockers else []) + (["shared"] if not blockers and not split else [])
-        decided = (chosen, possible)
+        decided = (chosen, possible_layouts("tensor", *plan_inputs(hf, engine)))
     chosen, possible = from_rank0(decided)
     if layout != "all":
         return {"weight_sync.layout": chosen, **_measure(engine, actor_chunks, hf, bucket_bytes, repeats, warmup,
@@ -85,9 +85,10 @@ def run(engine, actor_chunks, hf: dict, bucket_bytes: int, repeats: int = 3, war
 def _measure(engine, actor_chunks, hf: dict, bucket_bytes: int, repeats: int, warmup: int, layout: str) -> dict:
     """The trainer's own WeightSync in this layout, interleaved with the plain copy of the exported tensors."""
     from mcore_rl.bridge import measure_export_seconds_per_gb
-    from mcore_rl.trainer.sync import WeightSync
+    from mcore_rl.config.weight_sync import WeightSyncConfig
+    from mcore_rl.weight_sync import WeightSync
 
-    sync = WeightSync(actor_chunks, hf, "tensor", bucket_bytes, engine, scratch_dir="", model_path="", layout=layout)
+    sync = WeightSync(WeightSyncConfig(layout=layout), actor_chunks, hf, engine, bucket_bytes=bucket_bytes)
     exporter = baseline_exporter(sync, actor_chunks, hf, bucket_bytes)
     receiver = dist.get_rank() == 0
     copy = PlainCopy(exporter)

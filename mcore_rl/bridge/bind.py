@@ -33,13 +33,24 @@ class Bound:
     param: torch.nn.Parameter
 
 
-def bind(chunks: list, hf: dict) -> list[Bound]:
-    """This rank's entries, in HF order within each chunk. Critic chunks bind everything but the value head."""
+def holds_value_head(model: GPTModel) -> bool:
+    """Whether `model` (an unwrapped chunk) is a critic's last stage: its output layer is the builder's scalar
+    value head, which has no HF counterpart."""
+    from mcore_rl.models.builder import ValueHead
+
+    return isinstance(getattr(model, "output_layer", None), ValueHead)
+
+
+def bind(chunks: list, hf: dict, *, critic: bool | None = None) -> list[Bound]:
+    """This rank's entries, in HF order within each chunk. Critic chunks bind everything but the value head.
+
+    critic: whether the chunks are a critic's (ModelInfo.is_critic); None reads it from each chunk's modules
+    (`holds_value_head`), for callers that hold only the chunks."""
     entries = expand(hf)
     bound = []
     for c, model in enumerate(unwrap(ch) for ch in chunks):
         params = dict(model.named_parameters())
-        critic = bool(getattr(model, "mcore_rl_is_critic", False))
+        is_critic = holds_value_head(model) if critic is None else critic
         local = {layer.layer_number - 1: j for j, layer in enumerate(model.decoder.layers)}
         used = set()
         for index, e in enumerate(entries):
@@ -53,7 +64,7 @@ def bind(chunks: list, hf: dict) -> list[Bound]:
                 is_output = e.mcore == ("output_layer.weight",)
                 # Tied on one stage: the output layer reuses the embedding parameter. A critic's output is its
                 # value head, which has no HF counterpart.
-                if is_output and ((not e.export and model.pre_process) or critic):
+                if is_output and ((not e.export and model.pre_process) or is_critic):
                     continue
             else:
                 if e.layer not in local:
@@ -68,7 +79,7 @@ def bind(chunks: list, hf: dict) -> list[Bound]:
                 )
             used.add(name)
             bound.append(Bound(index, e, c, name, params[name]))
-        unbound = [n for n in params if n not in used and not (critic and n.startswith("output_layer."))]
+        unbound = [n for n in params if n not in used and not (is_critic and n.startswith("output_layer."))]
         if unbound:
             raise ValueError(
                 f"Megatron parameters with no HF counterpart in the {arch_map(hf).name} map: {unbound[:8]}; "

@@ -115,7 +115,7 @@ def _build(hf: dict, hf_dir, dtype: str, parallel):
     from mcore_rl.config.model import ModelConfig
     from mcore_rl.models import build_model
 
-    return build_model(hf, ModelConfig(path=str(hf_dir), dtype=dtype), parallel)
+    return build_model(hf, ModelConfig(path=str(hf_dir), dtype=dtype), parallel).chunks
 
 
 def hf_dtype(hf_dir: str | os.PathLike) -> str:

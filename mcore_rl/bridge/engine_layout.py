@@ -20,7 +20,7 @@ the names and shapes against the running engine before the first sync.
 
 The "shared" sync layout exports nothing: shared_plan says, per engine parameter, which Megatron parameter of an
 actor held whole by one rank (TP=1, PP=1) it is copied from and in which row order, and the engine runs that plan
-on handles to the actor's own parameters (mcore_rl.rollout.engine_params.apply_shared).
+on handles to the actor's own parameters (mcore_rl.weight_sync.loaders.apply_shared).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def engine_tensors(entry: Entry, dims: Dims) -> list[tuple[str, tuple[int, ...]]
 
 def shared_plan(chunks: list, hf: dict) -> tuple[list, list[list]]:
     """How an engine that holds handles to this rank's Megatron parameters fills its own from them (the "shared"
-    sync layout, mcore_rl.rollout.engine_params.apply_shared): (parameters, ops). Each op is
+    sync layout, mcore_rl.weight_sync.loaders.apply_shared): (parameters, ops). Each op is
     [engine name, engine shape, index into parameters, rows], where rows is either the number of leading rows
     copied as they are (the rest of the engine tensor, vocabulary padding, is left alone) or the list of source
     rows, in engine order (fused q/k/v: Megatron interleaves them per query group, SGLang stacks q, k, v).

@@ -3,7 +3,7 @@
     exporter = HFWeightExporter(chunks, hf_config, bucket_bytes=512 << 20, destination=0)
     for bucket in exporter:                      # every trainer rank iterates, in lockstep
         if bucket is not None:                   # only receiving ranks get a bucket
-            engine.update_weights_from_tensor(list(bucket))   # [(hf_name, full tensor), ...]
+            engine.weights.update_bucket(list(bucket))   # [(hf_name, full tensor), ...]
 
 The plan (HF names, shapes, dtypes, owning pipeline stage, bucket boundaries) is built once, on the first
 iteration, with one all_gather_object over the world; later iterations exchange only tensor data.
@@ -24,8 +24,8 @@ Destination (who receives full tensors):
 
 Layout: "hf" yields HF names and shapes; "engine" yields SGLang's own parameters (bridge.engine_layout: fused
 qkv_proj / gate_up_proj, vocabulary padded to a multiple of 64), which the engine copies as they are, with no name
-mapping (mcore_rl.rollout.RolloutEngine.update_bucket(..., layout="engine")). Both pack the same HF tensors in the
-same order, so an engine tensor is a view over the region its HF tensors occupy
+mapping (mcore_rl.weight_sync.receiver.WeightReceiver.update_bucket(..., layout="engine")). Both pack the same HF
+tensors in the same order, so an engine tensor is a view over the region its HF tensors occupy
 (plus zeroed padding rows): the engine layout costs no extra copy.
 
 Bucket bound: buckets are cut at `bucket_bytes` (bytes of the yielded tensors in the export dtype) and at changes of
@@ -42,7 +42,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from mcore_rl.bridge.bind import bind, unwrap
+from mcore_rl.bridge.bind import bind, holds_value_head, unwrap
 from mcore_rl.bridge.maps import Dims, Kind, expand
 from mcore_rl.bridge.transforms import from_shards
 
@@ -152,11 +152,14 @@ class HFWeightExporter:
     chunks: this rank's model chunks (possibly wrapped by DDP / Float16Module). hf: config.json dict.
     bucket_bytes: bound of one bucket. destination: "all" or a global rank. dtype: export dtype (None keeps each
     parameter's dtype). layout: "hf" or "engine" (see the module docstring; every rank must pass the same).
+    critic: the chunks are a critic's (ModelInfo.is_critic): refused, on every rank. A rank holding a value head
+    refuses too, whatever `critic` says.
     Must be constructed and iterated by every rank of the trainer, in the same order.
     """
 
     def __init__(self, chunks: list, hf: dict, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 destination: int | str = "all", dtype: torch.dtype | None = None, layout: str = "hf"):
+                 destination: int | str = "all", dtype: torch.dtype | None = None, layout: str = "hf",
+                 critic: bool = False):
         from megatron.core import parallel_state as ps
 
         if bucket_bytes <= 0:
@@ -174,7 +177,7 @@ class HFWeightExporter:
             raise ValueError(f"destination must be 'all' or a global rank in [0, {world}), got {destination!r}")
         if ps.get_context_parallel_world_size() != 1:
             raise ValueError("HF export does not support context parallelism")
-        if any(getattr(unwrap(c), "mcore_rl_is_critic", False) for c in chunks):
+        if critic or any(holds_value_head(unwrap(c)) for c in chunks):
             raise ValueError("a critic (value head) has no HF causal-LM counterpart to export")
         self.chunks, self.hf, self.bucket_bytes = chunks, hf, bucket_bytes
         self.destination, self.dtype, self.layout = destination, dtype, layout
@@ -198,7 +201,7 @@ class HFWeightExporter:
     def _build_plan(self) -> list[BucketPlan]:
         from megatron.core import parallel_state as ps
 
-        bound = [b for b in bind(self.chunks, self.hf) if b.entry.export]
+        bound = [b for b in bind(self.chunks, self.hf, critic=False) if b.entry.export]
         self._params = {b.index: b.param for b in bound}
         mine = {
             "rank": dist.get_rank(),

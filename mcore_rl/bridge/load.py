@@ -1,7 +1,8 @@
 """HF safetensors -> a live, sharded Megatron model: each rank reads only its TP shard of its pipeline stage.
 
-    chunks = build_model(hf, model_cfg, parallel_cfg)
-    load_hf_weights(chunks, hf_dir)        # after mcore_rl.parallel.initialize, before building the optimizer
+    model = build_model(hf, model_cfg, parallel_cfg)
+    load_hf_weights(model.chunks, hf_dir, critic=model.info.is_critic)
+    # after mcore_rl.parallel.initialize, before building the optimizer
 
 Every rank first checks the whole checkpoint against the config (names and shapes from the safetensors headers,
 no tensor data), so all ranks fail together with the same message instead of some of them waiting in a collective.
@@ -65,11 +66,14 @@ def load_hf_weights(
     hf: dict | None = None,
     strict: bool = True,
     progress: bool = False,
+    *,
+    critic: bool | None = None,
 ) -> None:
     """Copy the HF checkpoint's weights into this rank's model chunks (cast to each parameter's dtype).
 
     hf: the config.json dict (read from hf_dir when None). strict: unexpected extra tensors are an error (else a
-    warning). progress: show a tqdm bar on this rank. Critic chunks get everything but their value head.
+    warning). progress: show a tqdm bar on this rank. Critic chunks get everything but their value head; critic:
+    whether they are a critic's (ModelInfo.is_critic; None reads it from the chunks, bind.holds_value_head).
     Needs Megatron's parallel state; makes no collective calls.
     """
     if hf is None:
@@ -78,7 +82,7 @@ def load_hf_weights(
         hf = load_hf_config(hf_dir)
     tp, tp_rank = _tp()
     dims = Dims.from_hf(hf)
-    bound = bind(chunks, hf)
+    bound = bind(chunks, hf, critic=critic)
     with SafetensorsReader(hf_dir) as reader:
         check_hf_checkpoint(reader, hf, strict)
         items = bound

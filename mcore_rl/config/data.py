@@ -15,28 +15,34 @@ _BAD_ROW_MODES = ("error", "skip")
 class _FileDataConfig:
     """Fields shared by prompt and preference datasets."""
 
-    # Files (.jsonl, .json, .parquet) or folders; a folder contributes its files of those kinds, sorted by name,
-    # not recursively. Order matters for reproducibility: the same list gives the same dataset order.
     train_files: list[str] = field(default_factory=list)
-    # Optional held-out files, loaded the same way (never shuffled by the sampler unless asked).
+    """Training files (.jsonl, .json = a list of objects, .parquet) or folders; a folder contributes its files of
+    those kinds, sorted by name, not recursively. Must not be empty; write a list (train_files=[a.jsonl]), not a
+    string. Order matters for reproducibility: the same list gives the same dataset order."""
     val_files: list[str] = field(default_factory=list)
-    # Column holding the prompt: a string, or a list of chat messages [{"role": ..., "content": ...}, ...].
+    """Held-out files, read the same way by the dataset's split="val" (empty = no validation split). The trainer
+    does not evaluate on them during a run."""
     prompt_key: str = "prompt"
-    # Render the prompt with the tokenizer's chat template (add_generation_prompt=True). When False, the prompt
-    # must be a string and is tokenised as-is, with the tokenizer's own special tokens (e.g. BOS).
+    """Column holding the prompt: a string, or a list of chat messages [{"role": ..., "content": ...}, ...]."""
     apply_chat_template: bool = True
-    # Prepended as a {"role": "system"} message unless the row's messages already start with one. With
-    # apply_chat_template=False it is prepended to the prompt text followed by a blank line.
+    """Render the prompt with the tokenizer's chat template (add_generation_prompt=True). false: the prompt must be
+    a string and is tokenised as-is, with the tokenizer's own special tokens (e.g. BOS); for base models without a
+    chat template."""
     system_prompt: str | None = None
-    # Prompts longer than this many tokens (after templating) are dropped and counted; None keeps all.
+    """Prepended as a {"role": "system"} message unless the row's messages already start with one; with
+    apply_chat_template=false, prepended to the prompt text followed by a blank line. null = none."""
     max_prompt_length: int | None = 1024
-    # Reshuffle the order every epoch (seeded by `seed` and the epoch number).
+    """Prompts longer than this many tokens (after templating) are dropped and counted; null keeps all. Keep
+    it + rollout.max_new_tokens within model.max_seq_len."""
     shuffle: bool = True
+    """Reshuffle the order every epoch (seeded by `seed` and the epoch number); false reads the files in order."""
     seed: int = 0
-    # What a malformed row does: "error" raises a ValueError naming the file and row; "skip" drops and counts it.
+    """Seed of the sampler's shuffle (with the epoch number); change it for a different prompt order. Megatron
+    is seeded by parallel.seed and SGLang's sampling by rollout.random_seed."""
     on_bad_row: str = "error"
-    # Where `datasets` keeps its Arrow cache when reading parquet files; None uses the HuggingFace default.
+    """What a malformed row does: error raises a ValueError naming the file and row; skip drops and counts it."""
     cache_dir: str | None = None
+    """Where `datasets` keeps its Arrow cache when reading parquet files; null = the HuggingFace default."""
 
     def __post_init__(self) -> None:
         if isinstance(self.train_files, str):
@@ -62,11 +68,12 @@ class _FileDataConfig:
 class DataConfig(_FileDataConfig):
     """Prompts for RL: each row gives a prompt, optionally a reference answer, and extra fields for the reward."""
 
-    # Column holding the reference answer (string or number, stored as a string in meta["answer"]);
-    # None for datasets without answers (e.g. scored by a reward model).
     answer_key: str | None = "answer"
-    # Further columns copied into `meta` (and so into Sample.meta for the reward), e.g. ["numbers", "target"].
+    """Column holding the reference answer (string or number, stored as a string in meta["answer"]); null for
+    datasets without answers (e.g. scored by a reward model)."""
     meta_keys: list[str] = field(default_factory=list)
+    """Further columns copied into `meta` (and so into Sample.meta for the reward), e.g. [numbers, target] for
+    the countdown reward. Not "answer", "messages" or the prompt column (the dataset fills those itself)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -90,9 +97,12 @@ class PreferenceDataConfig(_FileDataConfig):
     """Preference pairs for DPO: each row gives a prompt and a chosen and a rejected response (strings)."""
 
     chosen_key: str = "chosen"
+    """Column holding the preferred response (a string)."""
     rejected_key: str = "rejected"
-    # Pairs whose prompt plus longer response exceeds this many tokens are dropped and counted; None keeps all.
+    """Column holding the dispreferred response (a string)."""
     max_length: int | None = 2048
+    """Pairs whose prompt plus longer response exceeds this many tokens are dropped and counted; null keeps all.
+    Must be larger than max_prompt_length."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

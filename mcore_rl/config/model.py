@@ -9,6 +9,8 @@ RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("auto", "sdpa", "te", "local")
 FUSED_SWIGLU = ("auto", "on", "off")
 LM_HEAD = ("loss_tokens", "all")
+COMPILE_ROPE = ("off", "on", "auto")
+PACKED_ATTENTION = ("auto", "varlen", "padded", "loop")
 
 
 @dataclass
@@ -36,6 +38,19 @@ class ModelConfig:
     loss_mask (the only log-probs / entropies a loss reads; the others come out 0), which skips the prompt's and
     the padding's share of the output matmul and the vocabulary softmax (models/lm_head.py). all: every position,
     as Megatron does."""
+    packed_rope: bool = True
+    """Rotary embedding of packed micro batches in one call per layer, without host syncs (models/rope.py; same
+    values bit for bit). false keeps Megatron's per-sequence path (two host syncs per layer), for A/B measurements.
+    Process-wide: Megatron's attention calls one module-level function, so the last model built sets it."""
+    compile_rope: str = "off"
+    """on | off | auto (= for tensors on a GPU): torch.compile the rotation of packed micro batches (needs
+    packed_rope). Off by default: on the H200 it made the 0.5B step slower (34.2% against 38-40% MFU eager; 1.5B:
+    55.3% against 54.4%), for reasons not yet profiled (docs/performance.md). Process-wide, as packed_rope."""
+    packed_attention: str = "auto"
+    """How SDPA core attention (attention=sdpa, or auto without Transformer Engine) runs packed micro batches:
+    auto (the flash varlen kernel on CUDA in fp16 / bf16 without dropout or sliding window when the sequences
+    differ in length, else padded), varlen, padded (one batched SDPA call) or loop (one call per sequence, the
+    reference path). See models/attention.py."""
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -48,5 +63,12 @@ class ModelConfig:
             raise ValueError(f"model.fused_swiglu must be one of {FUSED_SWIGLU}, got {self.fused_swiglu!r}")
         if self.lm_head not in LM_HEAD:
             raise ValueError(f"model.lm_head must be one of {LM_HEAD}, got {self.lm_head!r}")
+        if self.compile_rope not in COMPILE_ROPE:
+            raise ValueError(f"model.compile_rope must be one of {COMPILE_ROPE}, got {self.compile_rope!r}")
+        if self.compile_rope != "off" and not self.packed_rope:
+            raise ValueError(f"model.compile_rope={self.compile_rope} compiles the packed RoPE path, which "
+                             "model.packed_rope=false turns off; set compile_rope=off or packed_rope=true")
+        if self.packed_attention not in PACKED_ATTENTION:
+            raise ValueError(f"model.packed_attention must be one of {PACKED_ATTENTION}, got {self.packed_attention!r}")
         if self.recompute_num_layers < 1:
             raise ValueError(f"model.recompute_num_layers must be >= 1, got {self.recompute_num_layers}")

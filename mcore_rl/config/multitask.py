@@ -1,16 +1,19 @@
 """Multi-task training of one shared actor: the `tasks:` list and the task scheduler (`multitask:`).
 
     tasks:
-      - {name: math,   algorithm: grpo, weight: 1.0, batch_size: 8, data: {train_files: [...]}, reward: {name: math}}
-      - {name: safety, algorithm: dpo,  weight: 0.5, batch_size: 8, data: {train_files: [...]}, dpo: {beta: 0.1}}
+      - {name: math,   kind: rl,  weight: 1.0, batch_size: 8, data: {train_files: [...]}, reward: {name: math},
+         algorithm: {adv_estimator: grpo, n_samples_per_prompt: 4}}
+      - {name: safety, kind: dpo, weight: 0.5, batch_size: 8, data: {train_files: [...]}, dpo: {beta: 0.1}}
     multitask: {combine: weighted_sum, weighting: auto, kl_target: 0.05}
 
-Every task trains the same actor (one set of parameters, one optimizer). RL tasks (grpo, ppo) draw prompts,
-roll out through the one SGLang engine and score them with their own reward; DPO tasks read (prompt, chosen,
-rejected) rows and compare the actor with the frozen reference. The scheduler (mcore_rl.algorithms.TaskScheduler,
+Every task trains the same actor (one set of parameters, one optimizer). RL tasks draw prompts, roll out through
+the one SGLang engine, score them with their reward and train with their own algorithm config (a whole
+AlgorithmConfig, or the top-level `algorithm` when left out); DPO tasks read (prompt, chosen, rejected) rows and
+compare the actor with the frozen reference. The scheduler (mcore_rl.algorithms.TaskScheduler,
 rule in docs/algorithms.md) sets each task's weight; `combine` decides how the task losses meet: one update from
 the weighted sum of the (per-task clipped) gradients, or one task per step in proportion to the weights.
-When `tasks` is empty the run is the single-task run of `algorithm` / `data` / `reward`.
+When `tasks` is empty the run has one task, made of the top-level `algorithm`, `data`, `reward` and
+`trainer.prompts_per_step` (RLConfig.task_configs()); the loop is the same (trainer/loop.py).
 """
 
 from __future__ import annotations
@@ -22,10 +25,9 @@ from mcore_rl.config.data import DataConfig, PreferenceDataConfig, _FileDataConf
 from mcore_rl.config.reward import RewardConfig
 from mcore_rl.config.rl import AlgorithmConfig
 
-TASK_ALGORITHMS = ("grpo", "ppo", "dpo")
+TASK_KINDS = ("rl", "dpo")
 COMBINE_MODES = ("weighted_sum", "alternating")
 WEIGHTING_MODES = ("fixed", "auto")
-_DEFAULT_ESTIMATOR = {"grpo": "grpo", "ppo": "gae"}
 
 
 @dataclass
@@ -34,10 +36,16 @@ class TaskDataConfig(_FileDataConfig):
     each task reads the ones of its kind (see DataConfig and PreferenceDataConfig for their meaning)."""
 
     answer_key: str | None = "answer"
+    """rl tasks: column of the reference answer (DataConfig.answer_key); null for data without answers."""
     meta_keys: list[str] = field(default_factory=list)
+    """rl tasks: further columns copied into the samples' meta for the reward (DataConfig.meta_keys)."""
     chosen_key: str = "chosen"
+    """dpo tasks: column of the preferred response (PreferenceDataConfig.chosen_key)."""
     rejected_key: str = "rejected"
+    """dpo tasks: column of the dispreferred response (PreferenceDataConfig.rejected_key)."""
     max_length: int | None = 2048
+    """dpo tasks: pairs whose prompt plus longer response exceeds this many tokens are dropped; null keeps all
+    (PreferenceDataConfig.max_length)."""
 
     def _common(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(_FileDataConfig)}
@@ -55,9 +63,11 @@ class DPOSettings:
     beta: float = 0.1
     """Strength of the implicit KL to the reference (Rafailov et al. 2023)."""
     loss_type: str = "sigmoid"
-    """sigmoid (DPO) | ipo."""
+    """sigmoid: the DPO loss -log sigmoid(beta x margin); ipo: IPO's squared loss (Azar et al. 2023), which
+    does not push the margin to infinity on separable pairs."""
     label_smoothing: float = 0.0
-    """Conservative DPO: assumed fraction of flipped labels, in [0, 0.5)."""
+    """Conservative DPO: assumed fraction of flipped labels, in [0, 0.5); 0 = plain DPO. loss_type=sigmoid
+    only."""
 
     def __post_init__(self):
         if self.beta <= 0:
@@ -66,36 +76,39 @@ class DPOSettings:
             raise ValueError(f"dpo.loss_type must be sigmoid or ipo, got {self.loss_type!r}")
         if not 0.0 <= self.label_smoothing < 0.5:
             raise ValueError(f"dpo.label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
+        if self.loss_type == "ipo" and self.label_smoothing > 0:
+            raise ValueError(f"dpo.label_smoothing ({self.label_smoothing}) applies to loss_type=sigmoid only: set "
+                             "dpo.label_smoothing=0 or dpo.loss_type=sigmoid")
 
 
 @dataclass
 class TaskConfig:
     name: str = "task"
     """Metrics go under task/<name>/; letters, digits, '_' and '-'."""
-    algorithm: str = "grpo"
-    """grpo | ppo (rollouts, reward, policy-gradient loss) | dpo (preference pairs, DPO loss)."""
+    kind: str = "rl"
+    """rl: prompts, rollouts, a reward and the policy-gradient loss of `algorithm`. dpo: preference pairs and
+    the DPO loss against the frozen reference."""
     weight: float = 1.0
     """Base weight: the share of the combined gradient (weighted_sum) or of the steps (alternating)."""
     batch_size: int = 8
-    """Prompts (RL) or preference pairs (DPO) drawn per step, over all data-parallel ranks."""
+    """Prompts (rl) or preference pairs (dpo) drawn per step, over all data-parallel ranks."""
     clip_grad: float = 1.0
     """This task's gradient norm is clipped to this before the tasks are combined (0 disables)."""
     data: TaskDataConfig = field(default_factory=lambda: TaskDataConfig(train_files=["<set tasks[i].data.train_files>"]))
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    """RL tasks: how samples are scored (ignored by dpo)."""
-    n_samples_per_prompt: int = 4
-    adv_estimator: str | None = None
-    """RL tasks: registered advantage estimator; None = grpo for grpo, gae (needs critic.enabled) for ppo."""
-    norm_adv_by_std: bool = True
-    gamma: float = 1.0
-    lam: float = 1.0
+    """The task's dataset: prompts (rl) or (prompt, chosen, rejected) rows (dpo)."""
+    algorithm: AlgorithmConfig | None = None
+    """rl tasks: the whole algorithm config (estimator, samples per prompt, KL in reward, DAPO filters ...), as
+    the top-level `algorithm:`; null = the top-level `algorithm` itself. dpo tasks must leave it null."""
+    reward: RewardConfig | None = None
+    """rl tasks: how samples are scored; null = the top-level `reward`. dpo tasks must leave it null."""
     dpo: DPOSettings = field(default_factory=DPOSettings)
+    """dpo tasks: the loss's settings."""
 
     def __post_init__(self):
         if not re.fullmatch(r"[A-Za-z0-9_-]+", self.name or ""):
             raise ValueError(f"task name {self.name!r} must be letters, digits, '_' or '-' (it names metrics)")
-        if self.algorithm not in TASK_ALGORITHMS:
-            raise ValueError(f"task {self.name}: algorithm must be one of {TASK_ALGORITHMS}, got {self.algorithm!r}")
+        if self.kind not in TASK_KINDS:
+            raise ValueError(f"task {self.name}: kind must be one of {TASK_KINDS}, got {self.kind!r}")
         if self.weight <= 0:
             raise ValueError(f"task {self.name}: weight must be > 0, got {self.weight}")
         if self.batch_size < 1:
@@ -104,26 +117,20 @@ class TaskConfig:
             raise ValueError(f"task {self.name}: clip_grad must be >= 0 (0 disables), got {self.clip_grad}")
         if self.data.train_files == ["<set tasks[i].data.train_files>"]:
             raise ValueError(f"task {self.name}: set data.train_files")
+        if not self.is_rl and (self.algorithm is not None or self.reward is not None):
+            raise ValueError(f"task {self.name}: a dpo task has no algorithm or reward; remove them (its loss is set "
+                             "by dpo: {beta, loss_type, label_smoothing})")
         try:  # validate the fields this task reads, with the task named in the message
             self.dataset_config()
-            if self.is_rl:
-                self.algorithm_config()
         except ValueError as e:
             raise ValueError(f"task {self.name}: {e}") from None
 
     @property
     def is_rl(self) -> bool:
-        return self.algorithm != "dpo"
+        return self.kind == "rl"
 
     def dataset_config(self) -> DataConfig | PreferenceDataConfig:
         return self.data.for_prompts() if self.is_rl else self.data.for_pairs()
-
-    def algorithm_config(self) -> AlgorithmConfig:
-        """The single-task algorithm settings an RL task runs with."""
-        return AlgorithmConfig(name=self.algorithm,
-                               adv_estimator=self.adv_estimator or _DEFAULT_ESTIMATOR[self.algorithm],
-                               n_samples_per_prompt=self.n_samples_per_prompt, gamma=self.gamma, lam=self.lam,
-                               norm_adv_by_std=self.norm_adv_by_std)
 
 
 @dataclass
@@ -139,15 +146,19 @@ class MultiTaskConfig:
     auto_min_history: int = 3
     """auto: weights stay at their base until every task has this many losses."""
     auto_min_multiplier: float = 0.25
+    """auto: lower bound of the multiplier std_i / mean_j(std_j), in (0, 1]."""
     auto_max_multiplier: float = 4.0
-    """auto: bounds of the multiplier std_i / mean_j(std_j)."""
+    """auto: upper bound of that multiplier, >= 1."""
     auto_smoothing: float = 0.5
     """auto: the new weight is smoothing x old + (1 - smoothing) x target (0 = jump to the target)."""
     kl_target: float | None = None
     """Global KL monitor: when the step's KL of the actor to the reference exceeds this, the actor's learning
     rate is multiplied by kl_lr_decay (never below kl_min_lr_multiplier, never raised again). None = off."""
     kl_lr_decay: float = 0.5
+    """Factor, in (0, 1], the actor's learning-rate multiplier is multiplied by at each step whose KL exceeds
+    kl_target (1 = only monitor)."""
     kl_min_lr_multiplier: float = 0.01
+    """Floor of that multiplier, in [0, 1] (a fraction of the schedule's learning rate)."""
     only: list[str] = field(default_factory=list)
     """Train only these tasks of `tasks` (names; empty = all): ablate a recipe's task from the command line,
     e.g. multitask.only=[arithmetic]."""

@@ -7,11 +7,15 @@ Megatron's OptimizerParamScheduler. The schedule counts optimizer steps: optimiz
     afterwards:           lr (constant), or decayed to min_lr at step lr_decay_steps (cosine / linear)
 
 which is Megatron's convention (with the default lr_warmup_init=0 the first warmup step has lr 0).
+
+The actor's and critic's run configs (config/rl.py ActorConfig, CriticConfig) are OptimConfigs with their own
+fields added, so every field here can be set from YAML as `actor.<field>` / `critic.<field>`, and the errors name
+the section the user wrote.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 DECAY_STYLES = ("constant", "cosine", "linear")
 FAST_OPTIMIZER = ("auto", "on", "off")
@@ -19,26 +23,33 @@ FAST_OPTIMIZER = ("auto", "on", "off")
 
 @dataclass
 class OptimConfig:
+    _SECTION = "optim"  # the config section errors name (ActorConfig: actor, CriticConfig: critic)
+    _REQUIRE_DECAY_STEPS = True  # run configs leave lr_decay_steps to the trainer (the run length)
+
     lr: float = 1e-6
     """Peak learning rate (after warmup)."""
     min_lr: float = 0.0
-    """Floor of the cosine / linear decay."""
+    """Floor of the cosine / linear decay, in [0, lr] (unused with lr_decay_style=constant)."""
     weight_decay: float = 0.0
     """Decoupled (AdamW) weight decay; Megatron skips biases and norm weights."""
     adam_beta1: float = 0.9
+    """Adam's decay rate of the gradient's running mean, in [0, 1)."""
     adam_beta2: float = 0.999
+    """Adam's decay rate of the squared gradient's running mean, in [0, 1); lower (e.g. 0.95) reacts faster to
+    changes of gradient scale, as many RL recipes use."""
     adam_eps: float = 1e-8
+    """Adam's epsilon added to the denominator (> 0): bounds the step of parameters with tiny gradients."""
     clip_grad: float = 1.0
     """Clip the global gradient norm (over all TP / PP / DP shards) to this; 0 disables clipping."""
     lr_warmup_steps: int = 0
-    """Optimizer steps of linear warmup from lr_warmup_init to lr."""
+    """Optimizer steps of linear warmup from lr_warmup_init to lr (0 = start at lr)."""
     lr_warmup_init: float = 0.0
-    """Learning rate of the first warmup step."""
+    """Learning rate of the first warmup step (in [0, lr]; with the default 0 the first warmup step has lr 0)."""
     lr_decay_style: str = "constant"
     """constant | cosine | linear (from the end of warmup to lr_decay_steps)."""
     lr_decay_steps: int | None = None
-    """Optimizer step at which the decay reaches min_lr; needed for cosine / linear (the trainer sets it from
-    the run length)."""
+    """Optimizer step at which the decay reaches min_lr; needed for cosine / linear. In a run config null means
+    the end of the run (trainer.total_steps x optimizer updates a step), filled in by the trainer."""
     use_distributed_optimizer: bool = True
     """Shard fp32 master weights and Adam state over data-parallel ranks (ZeRO-1)."""
     grad_reduce_in_fp32: bool = True
@@ -49,42 +60,36 @@ class OptimConfig:
     engine/fast_optim.py). auto = on when the model is on a GPU; off = Megatron's optimizer as shipped."""
 
     def __post_init__(self):
+        sec = self._SECTION
         if self.lr <= 0:
-            raise ValueError(f"optim.lr must be positive, got {self.lr}")
+            raise ValueError(f"{sec}.lr must be positive, got {self.lr}")
         if not 0 <= self.min_lr <= self.lr:
-            raise ValueError(f"optim.min_lr ({self.min_lr}) must be in [0, lr ({self.lr})]")
+            raise ValueError(f"{sec}.min_lr ({self.min_lr}) must be in [0, lr ({self.lr})]")
         if self.weight_decay < 0:
-            raise ValueError(f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+            raise ValueError(f"{sec}.weight_decay must be >= 0, got {self.weight_decay}")
         for name in ("adam_beta1", "adam_beta2"):
             if not 0 <= getattr(self, name) < 1:
-                raise ValueError(f"optim.{name} must be in [0, 1), got {getattr(self, name)}")
+                raise ValueError(f"{sec}.{name} must be in [0, 1), got {getattr(self, name)}")
         if self.adam_eps <= 0:
-            raise ValueError(f"optim.adam_eps must be positive, got {self.adam_eps}")
+            raise ValueError(f"{sec}.adam_eps must be positive, got {self.adam_eps}")
         if self.clip_grad < 0:
-            raise ValueError(f"optim.clip_grad must be >= 0 (0 disables clipping), got {self.clip_grad}")
+            raise ValueError(f"{sec}.clip_grad must be >= 0 (0 disables clipping), got {self.clip_grad}")
         if self.lr_warmup_steps < 0:
-            raise ValueError(f"optim.lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
+            raise ValueError(f"{sec}.lr_warmup_steps must be >= 0, got {self.lr_warmup_steps}")
         if not 0 <= self.lr_warmup_init <= self.lr:
-            raise ValueError(f"optim.lr_warmup_init ({self.lr_warmup_init}) must be in [0, lr ({self.lr})]")
+            raise ValueError(f"{sec}.lr_warmup_init ({self.lr_warmup_init}) must be in [0, lr ({self.lr})]")
         if self.fast_optimizer not in FAST_OPTIMIZER:
-            raise ValueError(f"optim.fast_optimizer must be one of {FAST_OPTIMIZER}, got {self.fast_optimizer!r}")
+            raise ValueError(f"{sec}.fast_optimizer must be one of {FAST_OPTIMIZER}, got {self.fast_optimizer!r}")
         if self.lr_decay_style not in DECAY_STYLES:
-            raise ValueError(f"optim.lr_decay_style must be one of {DECAY_STYLES}, got {self.lr_decay_style!r}")
+            raise ValueError(f"{sec}.lr_decay_style must be one of {DECAY_STYLES}, got {self.lr_decay_style!r}")
         if self.lr_decay_style != "constant":
-            if self.lr_decay_steps is None:
+            if self.lr_decay_steps is None and self._REQUIRE_DECAY_STEPS:
                 raise ValueError(
-                    f"optim.lr_decay_style={self.lr_decay_style} needs optim.lr_decay_steps (the step at which "
+                    f"{sec}.lr_decay_style={self.lr_decay_style} needs {sec}.lr_decay_steps (the step at which "
                     "the learning rate reaches min_lr)"
                 )
-            if self.lr_decay_steps <= self.lr_warmup_steps:
+            if self.lr_decay_steps is not None and self.lr_decay_steps <= self.lr_warmup_steps:
                 raise ValueError(
-                    f"optim.lr_decay_steps ({self.lr_decay_steps}) must be larger than optim.lr_warmup_steps "
+                    f"{sec}.lr_decay_steps ({self.lr_decay_steps}) must be larger than {sec}.lr_warmup_steps "
                     f"({self.lr_warmup_steps})"
                 )
-
-    @classmethod
-    def from_settings(cls, settings, **overrides) -> "OptimConfig":
-        """Copy the fields of the same name from another config (e.g. config.rl.ActorConfig), then overrides."""
-        values = {f.name: getattr(settings, f.name) for f in fields(cls) if hasattr(settings, f.name)}
-        values.update(overrides)
-        return cls(**values)

@@ -12,13 +12,16 @@ class ParallelConfig:
     pp: int = 1
     """Pipeline-parallel size: the layers are split into this many stages."""
     vpp: int | None = None
-    """Virtual pipeline stages per rank (interleaved schedule); None for the plain 1F1B schedule."""
+    """Virtual pipeline stages per rank (interleaved schedule; needs pp > 1); null for the plain 1F1B schedule."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism (needs Transformer Engine or apex norms; ignored at tp=1)."""
     seed: int = 1234
-    """Seed of the model-parallel RNG tracker (dropout, init)."""
+    """Seed of torch and Megatron's model-parallel RNG tracker (dropout, initialisation of weights not in the
+    checkpoint, e.g. the critic's value head). The run's only trainer seed: SGLang's sampling is seeded by
+    rollout.random_seed, the prompt order by data.seed."""
     distributed_timeout_minutes: int = 30
-    """torch.distributed timeout: how long a collective may wait for a stuck peer."""
+    """torch.distributed timeout, in minutes: how long a collective may wait for a stuck peer before the run
+    fails. Raise it when a rank legitimately waits long (e.g. for a slow rollout or checkpoint on another rank)."""
 
     def __post_init__(self):
         for name in ("tp", "pp"):

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MODES = ("engine", "server")
-WEIGHT_SYNC_LAYOUTS = ("auto", "hf", "engine", "shared")
 DEVICES = ("auto", "cpu", "cuda")
 # Our names (as in model.dtype) and SGLang's, both accepted; "auto" keeps the checkpoint's dtype.
 DTYPES = {"auto": "auto", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16",
@@ -64,11 +63,13 @@ class RolloutConfig:
     context_length: int | None = None
     """Longest prompt + response; None = the checkpoint's max_position_embeddings."""
     random_seed: int = 0
+    """SGLang's random seed (its sampling). The trainer's seed is parallel.seed, the prompt order's data.seed."""
     host: str = "127.0.0.1"
     """Server mode: address the launched server binds to."""
     port: int | None = None
     """Server mode: port of the launched server; None picks a free one."""
     log_level: str = "warning"
+    """SGLang's log level (debug, info, warning, error); info shows where a slow start or a stuck request is."""
     extra_args: dict[str, Any] = field(default_factory=dict)
     """Further sglang ServerArgs fields passed as they are (e.g. cuda_graph_max_bs, chunked_prefill_size)."""
 
@@ -82,26 +83,24 @@ class RolloutConfig:
     """Requests in flight at once; SGLang batches across them."""
     show_progress: bool = True
     """tqdm bar over requests when a generate() call has more than one."""
-    weight_sync_layout: str = "auto"
-    """Tensors a colocated weight sync (trainer.weight_sync=tensor) hands the engine. engine: SGLang's own
-    parameters (fused qkv_proj / gate_up_proj, padded vocabulary) copied as they are (load_format=direct; verified
-    for Llama / Mistral / Qwen2 / Qwen3, needs tp_size=1, an unquantized model and an engine we launch). hf: HF
-    names, mapped by SGLang's model.load_weights (any model, slower). shared: the engine keeps handles to the
-    trainer's own parameters (CUDA IPC) and copies them into its layout at each sync: no export, no buckets
-    (needs what engine needs plus an actor at TP=1 and PP=1). auto: shared, else engine, else hf, whichever is
-    possible first (logged once with the reason)."""
 
     # Sampling defaults; generate() takes per-call overrides. Samples per prompt: algorithm.n_samples_per_prompt.
     temperature: float = 1.0
+    """Sampling temperature (>= 0; 0 = greedy). The trainer scores tokens under logits / temperature, the
+    distribution sampled from (plain log-softmax when 0), so the PPO ratio compares like with like."""
     top_p: float = 1.0
+    """Nucleus sampling: sample from the smallest set of tokens with this much probability, in (0, 1]; 1 = off."""
     top_k: int = -1
-    """-1: no top-k."""
+    """Sample from the k most likely tokens; -1: no top-k."""
     max_new_tokens: int = 256
+    """Longest response, in tokens. Also the constant length L of actor.loss_agg_mode=seq-mean-token-sum-norm and
+    the end of the DAPO overlong ramp (algorithm.overlong_buffer)."""
     stop_token_ids: list[int] = field(default_factory=list)
     """Generation stops after any of these (besides the tokenizer's EOS, unless ignore_eos)."""
     stop: list[str] = field(default_factory=list)
     """Stop strings; need skip_tokenizer_init=false."""
     ignore_eos: bool = False
+    """Keep generating past the tokenizer's EOS, to max_new_tokens or a stop (benchmarks of fixed length)."""
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -139,30 +138,6 @@ class RolloutConfig:
                              "rollout.skip_tokenizer_init=false, or use rollout.stop_token_ids")
         if self.enable_memory_saver and self.device == "cpu":
             raise ValueError("rollout.enable_memory_saver=true needs CUDA (torch_memory_saver); set it false on CPU")
-        if self.weight_sync_layout not in WEIGHT_SYNC_LAYOUTS:
-            raise ValueError(f"rollout.weight_sync_layout must be one of {WEIGHT_SYNC_LAYOUTS}, got "
-                             f"{self.weight_sync_layout!r}")
-        if self.weight_sync_layout in ("engine", "shared"):
-            reason = self.engine_layout_blocker()
-            if reason is not None:
-                raise ValueError(f"rollout.weight_sync_layout={self.weight_sync_layout} is not possible here: "
-                                 f"{reason}. Set "
-                                 "rollout.weight_sync_layout=auto (falls back to hf) or hf.")
         reserved = set(self.extra_args) & {"model_path", "skip_tokenizer_init", "device", "host", "port"}
         if reserved:
             raise ValueError(f"rollout.extra_args must not set {sorted(reserved)}: use the rollout.* fields")
-
-    def engine_layout_blocker(self) -> str | None:
-        """Why this engine cannot take weights in its own layout (None: it can). The model's side is checked by
-        the trainer (mcore_rl.bridge.engine_layout)."""
-        if self.tp_size != 1:
-            return f"rollout.tp_size={self.tp_size} (each engine rank would need its own shard; needs 1)"
-        for key in ("pp_size", "dp_size"):
-            if int(self.extra_args.get(key) or 1) != 1:
-                return f"rollout.extra_args.{key}={self.extra_args[key]} (needs 1)"
-        if self.extra_args.get("quantization"):
-            return f"rollout.extra_args.quantization={self.extra_args['quantization']!r} (needs an unquantized engine)"
-        if self.server_url is not None:
-            return ("rollout.server_url attaches to a server we did not launch, so it cannot list its parameters "
-                    "for the name check")
-        return None

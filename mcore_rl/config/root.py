@@ -9,52 +9,149 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mcore_rl.config.data import DataConfig
+from mcore_rl.config.data import DataConfig, PreferenceDataConfig
 from mcore_rl.config.model import ModelConfig
-from mcore_rl.config.multitask import MultiTaskConfig, TaskConfig
+from mcore_rl.config.multitask import DPOSettings, MultiTaskConfig, TaskConfig
 from mcore_rl.config.parallel import ParallelConfig
 from mcore_rl.config.reward import RewardConfig
 from mcore_rl.config.rl import ActorConfig, AlgorithmConfig, CriticConfig, RefConfig
 from mcore_rl.config.rollout import RolloutConfig
 from mcore_rl.config.trainer import LoggerConfig, TrainerConfig
+from mcore_rl.config.weight_sync import WeightSyncConfig
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A task as the trainer runs it: its TaskConfig with the top-level defaults filled in (RLConfig.task_specs)."""
+
+    name: str
+    """TaskConfig.name; for the single task of a run without `tasks`, algorithm.name."""
+    kind: str
+    """rl | dpo"""
+    weight: float
+    """TaskConfig.weight (1.0 for the single task)."""
+    batch_size: int
+    """Prompts (rl) or pairs (dpo) a step: TaskConfig.batch_size, or trainer.prompts_per_step for the single task."""
+    clip_grad: float
+    """Per-task gradient clip: TaskConfig.clip_grad, or 0 (none; actor.clip_grad still applies) for the single
+    task."""
+    data: DataConfig | PreferenceDataConfig
+    """The dataset config of the task's kind (prompts for rl, pairs for dpo)."""
+    algorithm: AlgorithmConfig | None
+    """rl tasks."""
+    reward: RewardConfig | None
+    """rl tasks."""
+    dpo: DPOSettings | None
+    """dpo tasks."""
+
+    @property
+    def is_rl(self) -> bool:
+        return self.kind == "rl"
 
 
 @dataclass
 class RLConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
+    """The trained model (actor; the reference and the critic share its architecture)."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """TP / PP / DP layout of the trainer."""
     actor: ActorConfig = field(default_factory=ActorConfig)
+    """The actor's optimizer and policy-loss settings."""
     critic: CriticConfig = field(default_factory=CriticConfig)
+    """The critic (built when critic.enabled; needed by the gae estimator)."""
     ref: RefConfig = field(default_factory=RefConfig)
+    """The frozen reference model of the KL terms and of DPO."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """The SGLang engine and sampling."""
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    """How the actor's weights reach the rollout engine after each update (transport, layout, bucket size)."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """The RL algorithm of the single task, and of every rl task in `tasks` that leaves its own out."""
     data: DataConfig = field(default_factory=lambda: DataConfig(train_files=["<set data.train_files>"]))
+    """Prompts of the single task. With `tasks`, each task names its own data and this node is not read."""
     reward: RewardConfig = field(default_factory=RewardConfig)
+    """The reward of the single task, and of every rl task in `tasks` that leaves its own out."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Steps, batch size, output folder, checkpoints and resume."""
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    """Metrics sinks."""
     tasks: list[TaskConfig] = field(default_factory=list)
-    """Multi-task training of one actor (config/multitask.py); empty = the single task of algorithm/data/reward."""
+    """Several tasks training one actor (config/multitask.py); empty = one task made of `algorithm`, `data`,
+    `reward` and `trainer.prompts_per_step`."""
     multitask: MultiTaskConfig = field(default_factory=MultiTaskConfig)
+    """Task scheduler and global KL monitor (the monitor also works with one task)."""
 
     def __post_init__(self):
         if self.tasks:
-            self._check_tasks()
-            return
-        if self.algorithm.adv_estimator == "gae" and not self.critic.enabled:
-            raise ValueError("algorithm.adv_estimator=gae needs a critic: add critic=default (critic.enabled=true)")
+            self._check_task_list()
+        for task in self.task_specs():
+            where = f"task {task.name}: " if self.tasks else ""
+            if task.is_rl:
+                self._check_rl_task(task.algorithm, where)
+            elif not self.ref.enabled:
+                raise ValueError(f"{where}dpo compares the actor with the reference; set ref.enabled=true")
+        self._check_weight_sync_layout()
+        needs_ref = self.actor.kl_loss_coef > 0 or self.multitask.kl_target is not None
+        if needs_ref and not self.ref.enabled:
+            raise ValueError("actor.kl_loss_coef > 0 or multitask.kl_target is set, but ref.enabled=false: enable "
+                             "the reference or turn those off")
+
+    @property
+    def multi_task(self) -> bool:
+        """Several tasks (the `tasks` list): per-task gradient clipping and metrics under task/<name>/."""
+        return bool(self.tasks)
+
+    def task_specs(self) -> list[TaskSpec]:
+        """The run's tasks with the top-level defaults filled in: the `tasks` list, or the one task of
+        `algorithm` / `data` / `reward` / `trainer.prompts_per_step`."""
+        if not self.tasks:
+            return [TaskSpec(name=self.algorithm.name, kind="rl", weight=1.0, batch_size=self.trainer.prompts_per_step,
+                             clip_grad=0.0, data=self.data, algorithm=self.algorithm, reward=self.reward, dpo=None)]
+        specs = []
+        for t in self.tasks:
+            rl = t.is_rl
+            specs.append(TaskSpec(name=t.name, kind=t.kind, weight=t.weight, batch_size=t.batch_size,
+                                  clip_grad=t.clip_grad, data=t.dataset_config(),
+                                  algorithm=(t.algorithm or self.algorithm) if rl else None,
+                                  reward=(t.reward or self.reward) if rl else None, dpo=None if rl else t.dpo))
+        return specs
+
+    def _check_rl_task(self, algo: AlgorithmConfig, where: str) -> None:
+        if algo.overlong_buffer > self.rollout.max_new_tokens:
+            raise ValueError(f"{where}algorithm.overlong_buffer ({algo.overlong_buffer}) must be at most "
+                             f"rollout.max_new_tokens ({self.rollout.max_new_tokens}): the penalty ramps in over the "
+                             "last overlong_buffer tokens of the response budget")
+        if algo.adv_estimator == "gae" and not self.critic.enabled:
+            raise ValueError(f"{where}algorithm.adv_estimator=gae needs a critic: add critic=default "
+                             "(critic.enabled=true)")
         outcome_only = ("grpo", "dr_grpo", "rloo", "reinforce", "reinforce_plus_plus_baseline")
-        if self.algorithm.kl_in_reward and self.algorithm.adv_estimator in outcome_only:
+        if algo.kl_in_reward and algo.adv_estimator in outcome_only:
             raise ValueError(
-                f"algorithm.kl_in_reward=true has no effect with adv_estimator={self.algorithm.adv_estimator} "
+                f"{where}algorithm.kl_in_reward=true has no effect with adv_estimator={algo.adv_estimator} "
                 "(it uses sequence scores, not token rewards): use actor.kl_loss_coef for a KL term, or an "
                 "estimator that takes token rewards (gae, reinforce_plus_plus)"
             )
-        uses_kl = self.actor.kl_loss_coef > 0 or (self.algorithm.kl_in_reward and self.algorithm.kl_coef > 0)
-        if uses_kl and not self.ref.enabled:
-            raise ValueError("a KL coefficient is > 0 but ref.enabled=false: enable the reference or set the "
-                             "coefficients (actor.kl_loss_coef, algorithm.kl_coef) to 0")
+        if algo.kl_in_reward and algo.kl_coef > 0 and not self.ref.enabled:
+            raise ValueError(f"{where}algorithm.kl_in_reward with kl_coef > 0 needs the reference: set "
+                             "ref.enabled=true or algorithm.kl_coef=0")
 
-    def _check_tasks(self) -> None:
+    def _check_weight_sync_layout(self) -> None:
+        """A layout forced by name that this rollout / parallel config rules out fails now, not at the first sync
+        (what only the running engine and model can tell is checked then, by weight_sync/plan.py)."""
+        layout = self.weight_sync.layout
+        if layout not in ("engine", "shared"):
+            return
+        from mcore_rl.weight_sync.plan import ActorLayout, EngineFacts, layout_blockers, shared_blockers
+
+        facts = EngineFacts.from_config(self.rollout, self.weight_sync.engine_loaders)
+        reasons = layout_blockers(self.weight_sync.transport, facts, None)
+        if layout == "shared":
+            reasons += shared_blockers(ActorLayout(self.parallel.tp, self.parallel.pp))
+        if reasons:
+            raise ValueError(f"weight_sync.layout={layout} is not possible: {'; '.join(reasons)}. Set "
+                             "weight_sync.layout=auto (falls back to what is possible) or hf.")
+
+    def _check_task_list(self) -> None:
         names = [t.name for t in self.tasks]
         if len(set(names)) != len(names):
             raise ValueError(f"task names must be unique, got {names}")
@@ -63,22 +160,9 @@ class RLConfig:
             raise ValueError(f"multitask.only names tasks {unknown} that are not in tasks {names}")
         if self.multitask.only:
             self.tasks = [t for t in self.tasks if t.name in self.multitask.only]
-        for t in self.tasks:
-            if t.is_rl and t.algorithm_config().adv_estimator == "gae" and not self.critic.enabled:
-                raise ValueError(f"task {t.name}: algorithm={t.algorithm} with adv_estimator=gae needs a critic: "
-                                 "add critic=default (critic.enabled=true), or set the task's adv_estimator")
-            if not t.is_rl and not self.ref.enabled:
-                raise ValueError(f"task {t.name}: dpo compares the actor with the reference; set ref.enabled=true")
         if self.actor.mini_batch_size:
             raise ValueError("with tasks, every update uses each task's whole step batch: set actor.mini_batch_size=0 "
                              "(and use tasks[i].batch_size and actor.ppo_epochs to size the updates)")
-        if self.actor.old_logprobs == "rollout":
-            raise ValueError("actor.old_logprobs=rollout is for single-task runs; with tasks the old log-probs are "
-                             "recomputed: set actor.old_logprobs to auto or recompute")
-        needs_ref = self.actor.kl_loss_coef > 0 or self.multitask.kl_target is not None
-        if needs_ref and not self.ref.enabled:
-            raise ValueError("actor.kl_loss_coef > 0 or multitask.kl_target is set, but ref.enabled=false: enable "
-                             "the reference or turn those off")
 
 
 def register() -> None:

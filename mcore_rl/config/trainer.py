@@ -8,31 +8,32 @@ from dataclasses import dataclass
 @dataclass
 class TrainerConfig:
     total_steps: int = 10
+    """Training steps of the run (each: rollouts, then the updates); the LR schedule's default decay end
+    (actor / critic.lr_decay_steps=null) follows it. A resumed run continues to the same total."""
     prompts_per_step: int = 8
-    """Prompts drawn per RL step; each gets algorithm.n_samples_per_prompt responses."""
+    """Prompts drawn per RL step over all data-parallel ranks; each gets algorithm.n_samples_per_prompt responses.
+    Runs without `tasks` only: with tasks, each task draws tasks[i].batch_size."""
     output_dir: str = "outputs/run"
+    """Folder of everything the run writes: metrics.jsonl, tensorboard/, checkpoints/, hf/ (the exported actor),
+    scratch/ (weight_sync.transport=disk) and Hydra's files. trainer.resume=auto looks here."""
     save_every: int = 0
     """Checkpoint every N steps (0: only at the end)."""
     keep_last: int = 2
     """Checkpoints kept (older ones are deleted after a newer one is complete)."""
     resume: str = "never"
-    """never | auto (latest checkpoint in output_dir, if any) | a checkpoint folder."""
+    """never | auto (the latest complete checkpoint under output_dir/checkpoints, if any; else a fresh start) | a
+    checkpoint folder (one with a state.json)."""
     export_hf: bool = True
     """Write the final actor as an HF checkpoint to output_dir/hf."""
-    seed: int = 42
     deterministic: bool = False
-    """Deterministic torch algorithms (CPU resume tests)."""
-    weight_sync: str = "tensor"
-    """How weights reach the rollout engine: tensor (colocated), distributed, disk."""
-    weight_sync_bucket_mb: int = 512
+    """torch.use_deterministic_algorithms(True): bit-reproducible trainer kernels (the CPU resume tests), at
+    some speed; ops without a deterministic version then raise. SGLang's sampling is not covered."""
 
     def __post_init__(self):
         if self.total_steps < 1:
             raise ValueError(f"trainer.total_steps must be >= 1, got {self.total_steps}")
         if self.prompts_per_step < 1:
             raise ValueError(f"trainer.prompts_per_step must be >= 1, got {self.prompts_per_step}")
-        if self.weight_sync not in ("tensor", "distributed", "disk"):
-            raise ValueError(f"trainer.weight_sync must be tensor, distributed or disk, got {self.weight_sync!r}")
         if self.keep_last < 1:
             raise ValueError(f"trainer.keep_last must be >= 1, got {self.keep_last}")
 
@@ -40,8 +41,10 @@ class TrainerConfig:
 @dataclass
 class LoggerConfig:
     tensorboard: bool = True
+    """Write TensorBoard events to trainer.output_dir/tensorboard (metrics.jsonl is written either way)."""
     wandb: bool = False
     """Log to Weights & Biases when the wandb package is installed (silently off otherwise, with a warning)."""
     wandb_project: str = "mcore-rl"
+    """wandb project the run is logged to (with wandb=true)."""
     run_name: str | None = None
-    progress_bar: bool = True
+    """wandb run name; null lets wandb pick one."""

@@ -4,7 +4,7 @@ The checkpoint is written to `<path>.tmp` and renamed to `<path>` only once ever
 never leaves a half-written checkpoint under the final name. The format reshards: a checkpoint saved at one
 TP / PP / DP layout loads at another (the optimizer state uses the 'fully_reshardable' sharding type).
 
-Workarounds for the plain torch-Adam path (no Transformer Engine / apex; ../shared/FACTS.md):
+Workarounds for the plain torch-Adam path (no Transformer Engine / apex; each was seen failing on CPU):
 * the default distributed-optimizer sharding type fails ('flattened_range is not supported'): we pass
   metadata={'distrib_optim_sharding_type': 'fully_reshardable'};
 * building the state dict to load into needs Adam state to exist (a fresh optimizer has none and asserts):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
@@ -27,6 +27,9 @@ from mcore_rl.engine.forward_backward import ForwardBackwardResult, LossFn, conf
 from mcore_rl.engine.fast_optim import foreach_fallbacks
 from mcore_rl.engine.optimizer import (build_optimizer, build_scheduler, fast_optimizer_enabled, inner_optimizers,
                                        move_optimizer_state, wrap_ddp)
+
+if TYPE_CHECKING:
+    from mcore_rl.models.builder import BuiltModel
 
 
 @dataclass
@@ -71,21 +74,25 @@ class TrainEngine:
     """This rank's model chunks, wrapped for training when `optim` is given.
 
     hf: HF config.json as a dict; value_head=True builds a critic (outputs "values" instead of "logprobs").
-    chunks: model chunks built (and loaded) by the caller, instead of building them here.
+    model: a BuiltModel built (and loaded) by the caller with models.build_model, instead of building it here.
     Parallel state must be initialised (mcore_rl.parallel.initialize). Weights are random: load an HF
     checkpoint with mcore_rl.bridge into `model_chunks` (then call reload_master_weights, which matters for bf16)
     or a Megatron checkpoint with load_checkpoint.
     """
 
     def __init__(self, hf: dict, model_cfg: ModelConfig, parallel: ParallelConfig,
-                 optim: OptimConfig | None = None, *, value_head: bool = False, chunks: list | None = None):
+                 optim: OptimConfig | None = None, *, value_head: bool = False, model: BuiltModel | None = None):
         from megatron.core import parallel_state
 
         from mcore_rl.models.builder import build_model
 
         self.parallel = parallel
         self.optim_cfg = optim
-        self.model_chunks = chunks if chunks is not None else build_model(hf, model_cfg, parallel, value_head)
+        built = model if model is not None else build_model(hf, model_cfg, parallel, value_head)
+        self.model_chunks = built.chunks
+        self.model_info = built.info
+        """What forward_backward and the bridge need to know about the model (is_critic, vocab_size, lm_head)."""
+        self.logit_rows = built.logit_rows
         self.config = self.model_chunks[0].config
         self.device = next(self.model_chunks[0].parameters()).device
         self.pp_size = parallel_state.get_pipeline_model_parallel_world_size()
@@ -106,7 +113,7 @@ class TrainEngine:
 
     @property
     def is_critic(self) -> bool:
-        return bool(getattr(self.model_chunks[0], "mcore_rl_is_critic", False))
+        return self.model_info.is_critic
 
     @property
     def micro_batch_multiple(self) -> int:
@@ -122,7 +129,8 @@ class TrainEngine:
         """One pass over the micro batches; gradients accumulate (see zero_grad). Contract in forward_backward.py."""
         if not forward_only and self.optimizer is None:
             raise ValueError("this engine was built without an optimizer (optim=None): use forward_only=True")
-        return forward_backward(self.chunks, micro_batches, loss_fn, forward_only=forward_only,
+        return forward_backward(self.chunks, micro_batches, loss_fn, info=self.model_info,
+                                logit_rows=self.logit_rows, forward_only=forward_only,
                                 normalizer=normalizer, temperature=temperature, with_entropy=with_entropy,
                                 collect_outputs=collect_outputs, broadcast_outputs=broadcast_outputs)
 
@@ -256,8 +264,9 @@ class TrainEngine:
         self.zero_grad()
         # The loss and metrics are read from the device after the optimizer step is queued, not before it: the
         # host then prepares the step while the backward pass still runs.
-        fb = forward_backward(self.chunks, micro_batches, loss_fn, normalizer=normalizer, temperature=temperature,
-                              with_entropy=with_entropy, defer_scalars=True)
+        fb = forward_backward(self.chunks, micro_batches, loss_fn, info=self.model_info, logit_rows=self.logit_rows,
+                              normalizer=normalizer, temperature=temperature, with_entropy=with_entropy,
+                              defer_scalars=True)
         success, grad_norm, lr = self.optimizer_step()
         fb.resolve()
         return StepResult(fb.loss, fb.metrics, grad_norm, lr, success)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -37,6 +37,9 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from mcore_rl.engine.batching import MicroBatch, pad_micro_batch
 from mcore_rl.engine.logprobs import align_to_tokens, next_token_targets, vocab_parallel_logprobs
 from mcore_rl.models import lm_head
+
+if TYPE_CHECKING:
+    from mcore_rl.models.builder import ModelInfo
 
 LossFn = Callable[[dict, MicroBatch], "tuple[torch.Tensor, dict[str, torch.Tensor]]"]
 
@@ -91,13 +94,13 @@ def configure_model_config(config, ddp_chunks: Sequence | None, interleaved: boo
         config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
 
 
-def per_token_outputs(output: torch.Tensor, mb: MicroBatch, model, *, temperature: float = 1.0,
+def per_token_outputs(output: torch.Tensor, mb: MicroBatch, info: ModelInfo, *, temperature: float = 1.0,
                       with_entropy: bool = False, positions=None) -> dict[str, torch.Tensor]:
     """The model's last-stage output for one micro batch -> per-token tensors aligned with mb.input_ids.
 
-    positions: lm_head.positions(...) when the model computed logits only there (output [1, n, V/tp]); the
-    results are scattered back to the micro batch's layout, 0 elsewhere."""
-    if getattr(model, "mcore_rl_is_critic", False):
+    info: the built model's ModelInfo. positions: lm_head.positions(...) when the model computed logits only there
+    (output [1, n, V/tp]); the results are scattered back to the micro batch's layout, 0 elsewhere."""
+    if info.is_critic:
         values = output.squeeze(-1).float()  # [b, s, 1] -> [b, s]
         return {"values": align_to_tokens(values, mb.valid_mask, mb.seq_starts if mb.packed else None)}
     targets = next_token_targets(mb.input_ids)
@@ -105,7 +108,7 @@ def per_token_outputs(output: torch.Tensor, mb: MicroBatch, model, *, temperatur
         rows, empty = positions
         targets = targets[rows].unsqueeze(0)
     logprobs, entropy = vocab_parallel_logprobs(
-        output, targets, model.mcore_rl_vocab_size, temperature=temperature,
+        output, targets, info.vocab_size, temperature=temperature,
         with_entropy=with_entropy, group=parallel_state.get_tensor_model_parallel_group(),
     )
     if positions is not None:
@@ -131,10 +134,14 @@ def _check_num_micro_batches(n: int, num_chunks: int) -> None:
 
 
 def forward_backward(chunks: Sequence, micro_batches: Sequence[MicroBatch], loss_fn: LossFn | None, *,
-                     forward_only: bool = False, normalizer: float | torch.Tensor = 1.0,
-                     temperature: float = 1.0, with_entropy: bool = False, collect_outputs: bool = False,
-                     broadcast_outputs: bool = False, defer_scalars: bool = False) -> ForwardBackwardResult:
+                     info: ModelInfo, logit_rows: lm_head.LogitRows | None = None, forward_only: bool = False,
+                     normalizer: float | torch.Tensor = 1.0, temperature: float = 1.0, with_entropy: bool = False,
+                     collect_outputs: bool = False, broadcast_outputs: bool = False,
+                     defer_scalars: bool = False) -> ForwardBackwardResult:
     """Run the pipeline schedule over `micro_batches` on this rank's model chunks (DDP-wrapped or not).
+
+    info, logit_rows: the built model's (models/builder.BuiltModel). Without logit_rows the output layer runs at
+    every position, whatever info.lm_head says.
 
     Gradients accumulate into the DDP grad buffers (zero them before a new step: TrainEngine does). With
     forward_only, no graph is kept. Every rank of a pipeline / tensor-parallel group must pass the same micro
@@ -156,8 +163,8 @@ def forward_backward(chunks: Sequence, micro_batches: Sequence[MicroBatch], loss
     losses: list[torch.Tensor] = []
     metric_values: dict[str, list[torch.Tensor]] = {}
 
-    def loss_func(index: int, mb: MicroBatch, model, positions, output: torch.Tensor):
-        per_token = per_token_outputs(output, mb, model, temperature=temperature, with_entropy=with_entropy,
+    def loss_func(index: int, mb: MicroBatch, positions, output: torch.Tensor):
+        per_token = per_token_outputs(output, mb, info, temperature=temperature, with_entropy=with_entropy,
                                       positions=positions)
         if collect_outputs:
             outputs[index] = {k: v.detach() for k, v in per_token.items()}
@@ -174,18 +181,16 @@ def forward_backward(chunks: Sequence, micro_batches: Sequence[MicroBatch], loss
 
     def forward_step(data_iterator, model):
         index, mb = next(data_iterator)
-        raw = unwrap(model)
         # logits only where the loss mask reads them (models/lm_head.py)
-        positions = logit_positions[index] if lm_head.selects_rows(raw) else None
-        if positions is not None:
-            raw.mcore_rl_logit_positions = positions[0]
-        try:
+        positions = logit_positions[index] if lm_head.selects_rows(unwrap(model), mode) else None
+        if positions is None:
             output = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None,
                            packed_seq_params=mb.packed_seq_params)
-        finally:
-            if positions is not None:
-                raw.mcore_rl_logit_positions = None
-        return output, partial(loss_func, index, mb, raw, positions)
+        else:
+            with logit_rows.selecting(positions[0]):
+                output = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None,
+                               packed_seq_params=mb.packed_seq_params)
+        return output, partial(loss_func, index, mb, positions)
 
     caller_shapes = [mb.input_ids.shape for mb in micro_batches]
     if len(chunks) > 1:  # the interleaved schedule exchanges fixed shapes (configure_model_config)
@@ -195,7 +200,8 @@ def forward_backward(chunks: Sequence, micro_batches: Sequence[MicroBatch], loss
     # Every micro batch moves to the device before the schedule starts: a copy from pageable host memory waits
     # for the stream to drain, so moving each one as its forward begins would stall the host once per micro batch
     # behind the previous one's queued kernels. The logit positions (models/lm_head.py) are found on the host.
-    selects = any(lm_head.selects_rows(m) for m in models)
+    mode = info.lm_head if logit_rows is not None else "all"
+    selects = any(lm_head.selects_rows(m, mode) for m in models)
     logit_positions = []  # None for a micro batch without a loss mask: every position then
     for mb in micro_batches:
         found = lm_head.positions(mb["loss_mask"]) if selects and "loss_mask" in mb.fields else None
@@ -218,7 +224,7 @@ def forward_backward(chunks: Sequence, micro_batches: Sequence[MicroBatch], loss
     pending = _sum_scalars(losses, metric_values, device)
     loss, metrics = (float("nan"), {}) if defer_scalars else _share_scalars(*pending)
     if collect_outputs and broadcast_outputs:
-        outputs = _broadcast_outputs(outputs, micro_batches, models, with_entropy, device)
+        outputs = _broadcast_outputs(outputs, micro_batches, info.is_critic, with_entropy, device)
     if collect_outputs and len(chunks) > 1:
         outputs = [None if out is None else {k: v[:shape[0], :shape[1]] for k, v in out.items()}
                    for out, shape in zip(outputs, caller_shapes)]
@@ -253,12 +259,12 @@ def _share_scalars(vec: torch.Tensor | None, keys: list[str]) -> tuple[float, di
     return packet[0]
 
 
-def _broadcast_outputs(outputs, micro_batches, models, with_entropy, device):
+def _broadcast_outputs(outputs, micro_batches, is_critic: bool, with_entropy, device):
     """Send the last stage's per-token outputs to every pipeline stage (shapes come from the micro batches)."""
     pp_group = parallel_state.get_pipeline_model_parallel_group()
     if not dist.is_initialized() or dist.get_world_size(pp_group) == 1:
         return outputs
-    keys = ["values"] if getattr(models[0], "mcore_rl_is_critic", False) else (
+    keys = ["values"] if is_critic else (
         ["logprobs", "entropy"] if with_entropy else ["logprobs"])
     src = parallel_state.get_pipeline_model_parallel_last_rank()
     last = parallel_state.is_pipeline_last_stage(ignore_virtual=True)

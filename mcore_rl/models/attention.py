@@ -1,13 +1,16 @@
 """Core attention through torch.nn.functional.scaled_dot_product_attention, plugged in by ModuleSpec.
 
 Megatron-Core's local DotProductAttention materialises the [b*heads, s, s] score matrix: at 1.5B dims and seq
-2048 it runs out of memory on an H200, and at 0.5B it is 2.3x slower than SDPA (../shared/FACTS.md). SDPA
-picks a flash / memory-efficient kernel on GPU and a fused kernel on CPU.
+2048 it runs out of memory on an H200, and at 0.5B it is 2.3x slower than SDPA (measured on an H200; see
+docs/performance.md for the setup). SDPA picks a flash / memory-efficient kernel on GPU and a fused kernel on CPU.
 
 Supports grouped-query attention, causal masking, an optional sliding window (Mistral), and packed
 sequences (THD format: Megatron passes `packed_seq_params` with cu_seqlens; each sequence attends only to
 itself) in one kernel call per layer (see `_forward_packed`). Attention dropout is applied through SDPA's
 dropout_p under Megatron's RNG tracker.
+
+The builder passes the sliding window and the packed-sequence implementation (ModelConfig.packed_attention) as
+ModuleSpec params (models/specs.py).
 """
 
 from __future__ import annotations
@@ -31,8 +34,12 @@ class SDPAttention(MegatronModule):
         softmax_scale: float | None = None,
         cp_comm_type: str | None = None,
         pg_collection=None,
+        sliding_window: int | None = None,
+        packed_impl: str = "auto",
     ):
         super().__init__(config=config)
+        if packed_impl not in PACKED_IMPLS:
+            raise ValueError(f"model.packed_attention must be one of {PACKED_IMPLS}, got {packed_impl!r}")
         if config.context_parallel_size != 1:
             raise ValueError("SDPA attention does not support context parallelism; use model.attention=te")
         tp = parallel_state.get_tensor_model_parallel_world_size() if pg_collection is None else pg_collection.tp.size()
@@ -41,8 +48,8 @@ class SDPAttention(MegatronModule):
         self.head_dim = config.kv_channels
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
         self.scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(self.head_dim)
-        # HF puts the sliding window on the config; the builder copies it here (None = full causal).
-        self.window = getattr(config, "mcore_rl_sliding_window", None)
+        self.window = sliding_window  # None = full causal (the HF config's sliding_window, Mistral)
+        self.packed_impl = packed_impl
 
     def _attend(self, q, k, v):
         """q: [b, nh, s, d]; k, v: [b, ng, s, d]. Causal (optionally windowed) attention."""
@@ -77,7 +84,7 @@ class SDPAttention(MegatronModule):
     def _forward_packed(self, query, key, value, packed_seq_params):
         """query: [t, nh, d], key/value: [t, ng, d] holding several sequences back to back.
 
-        All sequences go through one kernel call per layer (PACKED_IMPL). Sequences of one length are reshaped to
+        All sequences go through one kernel call per layer (`packed_impl`). Sequences of one length are reshaped to
         a [n_seq, len] batch for one causal SDPA call ("padded" without padding; on an H200 SDPA's cuDNN kernel
         was faster than the flash varlen kernel: 12.9 against 16.9 ms of backward a step at 0.5B dims). Other
         packs: on CUDA in fp16 / bf16 without dropout or sliding window, the flash-attention varlen kernel over
@@ -89,7 +96,7 @@ class SDPAttention(MegatronModule):
         """
         layout = _packed_layout(packed_seq_params, query.device)
         t = query.size(0)
-        impl = PACKED_IMPL
+        impl = self.packed_impl
         dropout = self.dropout_p if self.training else 0.0
         if impl == "auto":  # equal lengths: a reshape, the same batched SDPA call (cuDNN on H100/H200) as unpacked
             varlen_ok = _varlen_supported(query) and self.window is None and dropout == 0.0
@@ -101,7 +108,7 @@ class SDPAttention(MegatronModule):
         elif impl == "padded":
             out = self._packed_padded(query, key, value, layout)
         else:
-            raise ValueError(f"unknown PACKED_IMPL {impl!r} (auto | varlen | padded | loop)")
+            raise AssertionError(impl)  # checked in __init__
         if out.size(0) < t:  # padding after the last sequence attends to nothing
             out = torch.cat([out, out.new_zeros(t - out.size(0), *out.shape[1:])], dim=0)
         return out.reshape(t, -1)
@@ -135,9 +142,9 @@ class SDPAttention(MegatronModule):
                                   self.scale)
 
 
-PACKED_IMPL = "auto"
-"""How packed (THD) micro batches are attended: "auto" (varlen on CUDA when possible, else padded), "varlen",
-"padded" or "loop". A module attribute so benchmarks and tests can switch it."""
+PACKED_IMPLS = ("auto", "varlen", "padded", "loop")
+"""How packed (THD) micro batches are attended (ModelConfig.packed_attention): "auto" (varlen on CUDA when possible,
+else padded), "varlen", "padded" or "loop"."""
 
 
 class _PackedLayout:

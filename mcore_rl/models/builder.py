@@ -1,17 +1,20 @@
 """HF config.json -> Megatron-Core TransformerConfig and GPTModel: the actor, the reference and the critic.
 
     hf = load_hf_config(path)
-    actor_chunks = build_model(hf, ModelConfig(path=path), ParallelConfig(tp=2))
-    critic_chunks = build_model(hf, model_cfg, parallel_cfg, value_head=True)
+    actor = build_model(hf, ModelConfig(path=path), ParallelConfig(tp=2))
+    critic = build_model(hf, model_cfg, parallel_cfg, value_head=True)
 
-`build_model` returns one GPTModel per virtual pipeline stage held by this rank (a list of one without virtual
-pipelining), with random weights: load real ones through mcore_rl.bridge. Parallel state must be initialised
-first (mcore_rl.parallel.initialize).
+`build_model` returns a `BuiltModel`: `chunks`, one GPTModel per virtual pipeline stage held by this rank (a list
+of one without virtual pipelining), with random weights (load real ones through mcore_rl.bridge); `info`, what the
+engine and the bridge need to know about them (`ModelInfo`); and `logit_rows`, through which the engine tells the
+output layer where to compute logits (models/lm_head.py). Parallel state must be initialised first
+(mcore_rl.parallel.initialize).
 """
 
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +29,30 @@ from mcore_rl.models.arch import resolve_arch
 from mcore_rl.models.specs import layer_spec
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the engine and the bridge need to know about a built model, beyond its modules."""
+
+    vocab_size: int
+    """The checkpoint's vocabulary size. The output layer is padded to a multiple of parallel.tp; the engine masks
+    the logits past this."""
+    is_critic: bool = False
+    """A critic: its output layer is a scalar value head (outputs "values"; no HF causal-LM counterpart)."""
+    lm_head: str = "all"
+    """Where the output layer runs: ModelConfig.lm_head, or "all" for a critic and with sequence parallelism
+    (lm_head.effective_mode)."""
+
+
+@dataclass
+class BuiltModel:
+    """build_model's result: this rank's chunks, the facts about them, and the output layer's row selection."""
+
+    chunks: list[GPTModel]
+    info: ModelInfo
+    logit_rows: lm_head.LogitRows
+    """Set by the engine around each forward call; read by the output layers' hooks (lm_head.install)."""
 
 
 def te_available() -> bool:
@@ -183,10 +210,16 @@ def transformer_config(hf: dict, model_cfg: ModelConfig, parallel: ParallelConfi
         deallocate_pipeline_outputs=True,
         **recompute,
     )
-    window = hf.get("sliding_window")
-    if window is not None and hf.get("use_sliding_window", True) and arch.name == "mistral":
-        cfg.mcore_rl_sliding_window = int(window)
     return cfg
+
+
+def sliding_window(hf: dict) -> int | None:
+    """The attention window of every layer (Mistral), or None for full causal attention. Qwen's per-layer
+    windows are refused by transformer_config."""
+    window = hf.get("sliding_window")
+    if window is not None and hf.get("use_sliding_window", True) and resolve_arch(hf).name == "mistral":
+        return int(window)
+    return None
 
 
 class ValueHead(torch.nn.Module):
@@ -233,11 +266,16 @@ def build_model(
     model_cfg: ModelConfig,
     parallel: ParallelConfig,
     value_head: bool = False,
-) -> list[GPTModel]:
-    """This rank's GPTModel chunks (one per virtual pipeline stage), on the current device."""
+) -> BuiltModel:
+    """This rank's GPTModel chunks (one per virtual pipeline stage), on the current device, and their ModelInfo."""
     cfg = transformer_config(hf, model_cfg, parallel)
-    spec = layer_spec(cfg, use_te(model_cfg))
-    rope.install()  # packed micro batches: RoPE in one call per layer, no host sync (models/rope.py)
+    spec = layer_spec(cfg, use_te(model_cfg), sliding_window(hf), model_cfg.packed_attention)
+    # packed micro batches: RoPE in one call per layer, no host sync (models/rope.py)
+    rope.install(model_cfg.packed_rope, model_cfg.compile_rope)
+    info = ModelInfo(vocab_size=hf["vocab_size"], is_critic=value_head,
+                     lm_head=lm_head.effective_mode(model_cfg.lm_head, is_critic=value_head,
+                                                    sequence_parallel=cfg.sequence_parallel))
+    logit_rows = lm_head.LogitRows()
     tied = bool(hf.get("tie_word_embeddings", False)) and not value_head
     vocab = padded_vocab_size(hf["vocab_size"], parallel.tp)
     device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
@@ -264,9 +302,7 @@ def build_model(
             )
         _norms_in_model_dtype(model, cfg.params_dtype)
         model.to(device)
-        # What the engine needs to mask vocabulary padding and to label the model.
-        model.mcore_rl_vocab_size = hf["vocab_size"]
-        model.mcore_rl_is_critic = value_head
-        lm_head.install(model, "all" if value_head else model_cfg.lm_head)
+        if lm_head.selects_rows(model, info.lm_head):
+            lm_head.install(model, logit_rows)
         chunks.append(model)
-    return chunks
+    return BuiltModel(chunks, info, logit_rows)

@@ -4,8 +4,9 @@ RL and DPO losses read log-probs and entropies only at response tokens, the entr
 `loss_mask`. Every other position (the prompt, padding) still costs the output layer's matmul and a pass of the
 log-softmax over the whole vocabulary, and its row of logits is the largest activation of the step: at Qwen2.5-0.5B
 dims the output layer is about a quarter of a forward pass's FLOPs. So the engine hands the model, per micro batch,
-the positions whose *next* token is in the loss mask (`positions`), and a pre-hook on the output layer (`install`)
-keeps only those rows of the final hidden states: the logits come out as [1, n, V/tp] instead of [b, s, V/tp].
+the positions whose *next* token is in the loss mask (`positions`) through a `LogitRows` it owns, and a pre-hook on
+the output layer (`install`) keeps only those rows of the final hidden states: the logits come out as [1, n, V/tp]
+instead of [b, s, V/tp].
 `scatter` puts the per-position results back into the micro batch's [b, s] layout, zeros elsewhere, before the
 usual alignment (engine/logprobs.py). Gradients are those of the full computation: the rows left out feed no loss.
 
@@ -16,28 +17,47 @@ Transformer Engine or apex norms, which the CPU tests cannot run, so a gather-th
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 from torch import Tensor
 
 MODES = ("loss_tokens", "all")
 
 
-def install(model, mode: str) -> None:
-    """Label `model` (a GPTModel chunk) with the lm_head mode and, on the last stage of a language model with
-    mode loss_tokens, hook its output layer. The engine sets `model.mcore_rl_logit_positions` around each call."""
+def effective_mode(mode: str, *, is_critic: bool, sequence_parallel: bool) -> str:
+    """The mode a model built with ModelConfig.lm_head=`mode` runs: "all" for a critic (its value head reads every
+    position) and with sequence parallelism (see the module docstring)."""
     if mode not in MODES:
         raise ValueError(f"model.lm_head must be one of {MODES}, got {mode!r}")
-    model.mcore_rl_lm_head = mode
-    model.mcore_rl_logit_positions = None
-    layer = getattr(model, "output_layer", None)
-    if mode == "all" or layer is None or not getattr(model, "post_process", False):
-        return
-    if getattr(layer, "sequence_parallel", False):
-        model.mcore_rl_lm_head = "all"  # see the module docstring
-        return
+    return "all" if is_critic or sequence_parallel else mode
+
+
+class LogitRows:
+    """The positions the hooked output layers keep in the current forward call (None: every position).
+
+    One per built model, owned by its engine: `install` hooks the output layer to read it, and the engine sets it
+    around each forward call of a last-stage chunk (`selecting`)."""
+
+    def __init__(self):
+        self.rows: tuple[Tensor, Tensor] | None = None
+
+    @contextmanager
+    def selecting(self, rows: tuple[Tensor, Tensor] | None):
+        self.rows = rows
+        try:
+            yield
+        finally:
+            self.rows = None
+
+
+def install(model, logit_rows: LogitRows) -> None:
+    """Hook the output layer of `model` (the last-stage GPTModel chunk of a language model whose effective mode
+    is loss_tokens) to keep only the rows `logit_rows` holds during a call."""
+    layer = model.output_layer
 
     def keep_rows(module, args, kwargs):
-        rows = model.mcore_rl_logit_positions
+        rows = logit_rows.rows
         if rows is None:
             return None
         b, s = rows
@@ -50,11 +70,10 @@ def install(model, mode: str) -> None:
     layer.register_forward_pre_hook(keep_rows, with_kwargs=True)
 
 
-def selects_rows(model) -> bool:
-    """True when `model` (an unwrapped chunk) is a language model's last stage that computes logits only at the
-    positions it is handed (mode loss_tokens, hooked by `install`)."""
-    return (getattr(model, "mcore_rl_lm_head", "all") == "loss_tokens" and getattr(model, "post_process", False)
-            and not getattr(model, "mcore_rl_is_critic", False))
+def selects_rows(model, mode: str) -> bool:
+    """True when `model` (an unwrapped chunk of a model whose effective mode is `mode`) is the last stage, which
+    computes logits only at the positions it is handed."""
+    return mode == "loss_tokens" and model.post_process
 
 
 def positions(loss_mask: Tensor) -> tuple[tuple[Tensor, Tensor], bool]:

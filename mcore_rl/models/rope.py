@@ -9,28 +9,25 @@ of the GPU, plus a Python loop over the sequences of the pack. The frequencies i
 so `apply_rotary_pos_emb` here gathers them with one index computed on the device (once per micro batch, cached)
 and applies the rotation to the whole pack at once. The cosines and sines are computed once per micro batch, not
 per layer. The rotation itself (split, rotate-half, two products, sum, concatenation: about ten kernels forward
-and as many backward, per tensor and layer) can be one torch.compile'd kernel each way (COMPILE below). Eager,
-it is Megatron's bshd formula op for op: same values bit for bit (tests/models/test_rope.py); compiled, it rounds once
-where eager rounds after each op (bf16).
+and as many backward, per tensor and layer) can be one torch.compile'd kernel each way (ModelConfig.compile_rope).
+Eager, it is Megatron's bshd formula op for op: same values bit for bit (tests/models/test_rope.py); compiled, it
+rounds once where eager rounds after each op (bf16).
 
 Everything else (no cu_seqlens, fused RoPE, context parallelism) goes to Megatron's function unchanged.
-`install()` points Megatron's attention module at this function; builder.build_model calls it.
+`install(packed, compile)` points Megatron's attention module at this function (or back at Megatron's);
+builder.build_model calls it with ModelConfig.packed_rope and compile_rope. Megatron's attention calls one
+module-level function, so the choice is process-wide: the last model built sets it.
 """
 
 from __future__ import annotations
 
-import os
+from functools import partial
 
 import torch
 from megatron.core.models.common.embeddings import rope_utils
 
-ENABLED = os.environ.get("MCORE_RL_PACKED_ROPE", "1") != "0"
-"""MCORE_RL_PACKED_ROPE=0 keeps Megatron's per-sequence path (for A/B measurements)."""
-
-COMPILE = os.environ.get("MCORE_RL_COMPILE_ROPE", "off")
-"""on | off | auto (= for tensors on a GPU): torch.compile the rotation of packed micro batches. Off by default:
-on the H200 the compiled rotation made the 0.5B step slower (34.2% against 38-40% MFU eager; 1.5B: 55.3%
-against 54.4%), for reasons not yet profiled (docs/performance.md)."""
+COMPILE_MODES = ("off", "on", "auto")
+"""ModelConfig.compile_rope: torch.compile the rotation always, never, or for tensors on a GPU."""
 
 _megatron_apply = rope_utils.apply_rotary_pos_emb
 _cache: dict = {"key": None, "value": None}
@@ -69,22 +66,24 @@ def _rotate(t, cos, sin, interleaved: bool):
     return torch.cat((x, x_pass), dim=-1)
 
 
-def _rotate_fn(device: torch.device):
+def _rotate_fn(device: torch.device, compile: str):
     global _compiled
-    if COMPILE == "on" or (COMPILE == "auto" and device.type == "cuda"):
+    if compile == "on" or (compile == "auto" and device.type == "cuda"):
         if _compiled is None:
             _compiled = torch.compile(_rotate, dynamic=True)
         return _compiled
     return _rotate
 
 
-def apply_rotary_pos_emb(t, freqs, config, cu_seqlens=None, mscale: float = 1.0, cp_group=None):
-    """Megatron's `apply_rotary_pos_emb` with the packed, unfused, single-context-rank case done in one call."""
+def apply_rotary_pos_emb(t, freqs, config, cu_seqlens=None, mscale: float = 1.0, cp_group=None, *,
+                         compile: str = "off"):
+    """Megatron's `apply_rotary_pos_emb` with the packed, unfused, single-context-rank case done in one call.
+    compile: one of COMPILE_MODES (ModelConfig.compile_rope)."""
     if cu_seqlens is None or config.apply_rope_fusion or config.multi_latent_attention or \
             (cp_group is not None and cp_group.size() > 1) or (cp_group is None and _context_parallel_size() > 1):
         return _megatron_apply(t, freqs, config, cu_seqlens=cu_seqlens, mscale=mscale, cp_group=cp_group)
     cos, sin = _packed_cos_sin(freqs, cu_seqlens, t.size(0), t.dtype, mscale)
-    return _rotate_fn(t.device)(t.unsqueeze(1), cos, sin, config.rotary_interleaved).squeeze(1)
+    return _rotate_fn(t.device, compile)(t.unsqueeze(1), cos, sin, config.rotary_interleaved).squeeze(1)
 
 
 def _context_parallel_size() -> int:
@@ -93,9 +92,16 @@ def _context_parallel_size() -> int:
     return parallel_state.get_context_parallel_world_size()
 
 
-def install() -> None:
-    """Make Megatron's attention layers call `apply_rotary_pos_emb` above (idempotent; no-op when not ENABLED)."""
+def install(packed: bool = True, compile: str = "off") -> None:
+    """Make Megatron's attention layers call `apply_rotary_pos_emb` above with `compile` (packed=True), or
+    Megatron's own function (packed=False). Idempotent; process-wide (see the module docstring)."""
     from megatron.core.transformer import attention
 
-    if ENABLED:
+    if compile not in COMPILE_MODES:
+        raise ValueError(f"model.compile_rope must be one of {COMPILE_MODES}, got {compile!r}")
+    if not packed:
+        attention.apply_rotary_pos_emb = _megatron_apply
+    elif compile == "off":
         attention.apply_rotary_pos_emb = apply_rotary_pos_emb
+    else:
+        attention.apply_rotary_pos_emb = partial(apply_rotary_pos_emb, compile=compile)

@@ -7,7 +7,9 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from mcore_rl.models.attention import SDPAttention
 
 
-def layer_spec(config, use_te: bool) -> ModuleSpec:
+def layer_spec(config, use_te: bool, sliding_window: int | None = None, packed_impl: str = "auto") -> ModuleSpec:
+    """sliding_window (None = full causal) and packed_impl (ModelConfig.packed_attention) go to SDPA core
+    attention; the Transformer Engine spec takes neither."""
     if use_te:
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
@@ -15,5 +17,6 @@ def layer_spec(config, use_te: bool) -> ModuleSpec:
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=config.qk_layernorm)
-    spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    spec.submodules.self_attention.submodules.core_attention = ModuleSpec(
+        module=SDPAttention, params={"sliding_window": sliding_window, "packed_impl": packed_impl})
     return spec

@@ -2,7 +2,7 @@
 
 Launch with torchrun (single node or many; torchrun's rendezvous provides RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR and MASTER_PORT). NCCL is used when CUDA is available, gloo otherwise; without CUDA the
-Megatron CPU compatibility layer (cpu_compat.py) is applied first.
+Megatron-on-CPU layer (megatron_on_cpu.py) is applied first.
 
     from mcore_rl.parallel import initialize
     layout = initialize(ParallelConfig(tp=2, pp=2), hf_config)   # validates, then initialises
@@ -61,9 +61,9 @@ def initialize(parallel: ParallelConfig, hf_config: dict | None = None) -> Layou
         torch.cuda.set_device(local_rank)
         device, backend = torch.device("cuda", local_rank), "nccl"
     else:
-        from mcore_rl.parallel import cpu_compat
+        from mcore_rl.parallel import megatron_on_cpu
 
-        cpu_compat.apply()
+        megatron_on_cpu.apply()
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from mcore_rl.rollout import cpu_compat
+from mcore_rl.rollout import sgl_kernel_stand_in
 from mcore_rl.rollout.backend import POLL_S, Backend, check_result
 from mcore_rl.rollout.errors import RolloutEngineError
 
@@ -92,7 +92,7 @@ class InProcessBackend(Backend):
         if not in_main:
             logger.warning("RolloutEngine(mode=engine) created outside the main thread: a failing SGLang child "
                            "process will terminate this process instead of raising RolloutEngineError")
-        cpu_compat.install()  # before the first `import sglang`: SGLang reads it at import time
+        sgl_kernel_stand_in.install()  # before the first `import sglang`: SGLang reads it at import time
         import sglang
 
         if in_main:

@@ -21,7 +21,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from mcore_rl.rollout import cpu_compat
+from mcore_rl.net import free_port
+from mcore_rl.rollout import sgl_kernel_stand_in
 from mcore_rl.rollout.backend import POLL_S, Backend, check_result, run_in_thread
 from mcore_rl.rollout.errors import RolloutEngineError
 from mcore_rl.rollout.settings import to_cli
@@ -36,12 +37,6 @@ def port_in_use(host: str, port: int) -> bool:
         except OSError as e:
             return e.errno in (errno.EADDRINUSE, errno.EACCES)
     return False
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class ServerBackend(Backend):
@@ -74,7 +69,7 @@ class ServerBackend(Backend):
             log.flush()
             # Own session: shutdown can kill the server and everything it spawned, and nothing else.
             self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          env=cpu_compat.child_env(), start_new_session=True)
+                                          env=sgl_kernel_stand_in.child_env(), start_new_session=True)
         try:
             self._wait_ready(startup_timeout_s, f"start the SGLang server for model_path={args['model_path']!r}")
         except BaseException:
@@ -232,8 +227,6 @@ class ServerBackend(Backend):
         return self.post("/end_weight_update", {})
 
     def update_weights_from_tensor(self, named_tensors, flush_cache: bool, load_format: str | None = None):
-        from mcore_rl.rollout.weight_sync import serialize_for_http
-
         payload = serialize_for_http(named_tensors)  # every TP rank gets the full tensors and takes its shard
         return self.post("/update_weights_from_tensor", {"serialized_named_tensors": [payload] * self.tp_size,
                                                          "flush_cache": flush_cache, "load_format": load_format})
@@ -269,3 +262,21 @@ class ServerBackend(Backend):
                 os.remove(self.log_path)
         self._broken = self._broken or "shut down"
 
+
+def serialize_for_http(named_tensors) -> str:
+    """SGLang's serialised form of [(name, tensor), ...] as a string, for POST /update_weights_from_tensor.
+
+    CPU tensors must be shared through named files ("file_system" strategy): with torch's default
+    file-descriptor sharing the server dies with an AuthenticationError (it cannot reach our fd server). The
+    strategy is switched only around this call."""
+    import torch.multiprocessing as tmp
+
+    sgl_kernel_stand_in.install()
+    from sglang.srt.utils import MultiprocessingSerializer
+
+    previous = tmp.get_sharing_strategy()
+    tmp.set_sharing_strategy("file_system")
+    try:
+        return MultiprocessingSerializer.serialize(list(named_tensors), output_str=True)
+    finally:
+        tmp.set_sharing_strategy(previous)

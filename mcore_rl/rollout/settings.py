@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from mcore_rl.config.rollout import DTYPES, RolloutConfig
 
@@ -27,8 +27,9 @@ def resolve_device(cfg: RolloutConfig) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def server_args(cfg: RolloutConfig, model_path: str) -> dict[str, Any]:
-    """ServerArgs fields for `cfg` (None-valued fields are left to SGLang)."""
+def server_args(cfg: RolloutConfig, model_path: str, custom_weight_loaders: Sequence[str] = ()) -> dict[str, Any]:
+    """ServerArgs fields for `cfg` (None-valued fields are left to SGLang). custom_weight_loaders: dotted names of
+    loaders SGLang registers besides any in cfg.extra_args (RolloutEngine passes mcore_rl.weight_sync.loaders')."""
     device = resolve_device(cfg)
     args: dict[str, Any] = {
         "model_path": model_path,
@@ -48,11 +49,8 @@ def server_args(cfg: RolloutConfig, model_path: str) -> dict[str, Any]:
         value = getattr(cfg, name)
         args[name] = cpu_value if value is None and device == "cpu" else value
     args.update(cfg.extra_args)
-    if cfg.weight_sync_layout != "hf":
-        # The loaders that list (and, for tests, save) the engine's parameters: the engine layout's name check.
-        from mcore_rl.rollout.engine_params import LOADERS
-
-        args["custom_weight_loader"] = [*(args.get("custom_weight_loader") or []), *LOADERS]
+    if custom_weight_loaders:
+        args["custom_weight_loader"] = [*(args.get("custom_weight_loader") or []), *custom_weight_loaders]
     return {k: v for k, v in args.items() if v is not None}
 
 

@@ -1,4 +1,5 @@
-"""From rollout samples to the engine's per-token sequences, and between response space and token space.
+"""Step data built in one place: rollout samples and preference pairs -> the engine's per-token sequences
+(step_data.Sequences), and conversions between response space and token space.
 
 Two layouts are used in one step:
 
@@ -16,6 +17,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from mcore_rl.trainer.step_data import Sequences
 from mcore_rl.types import Sample
 
 
@@ -53,19 +55,31 @@ def rollout_logprobs(samples: Sequence[Sample], width: int) -> Tensor:
     return out
 
 
-def sequences(samples: Sequence[Sample], fields: dict[str, Sequence[Tensor]] | None = None) -> list[dict[str, Tensor]]:
-    """Engine sequences: input_ids (prompt + response), loss_mask on response tokens, plus token-space fields."""
-    seqs = []
-    for i, s in enumerate(samples):
+def sample_sequences(samples: Sequence[Sample], **fields: Sequence[Tensor]) -> Sequences:
+    """Rollout samples as engine sequences: prompt + response ids, loss_mask on the response, plus token-space
+    fields (advantages=..., ref_logprobs=...)."""
+    ids, masks = [], []
+    for s in samples:
         p, r = len(s.prompt_ids), len(s.response_ids)
         mask = torch.zeros(p + r, dtype=torch.float32)
         mask[p:] = 1.0
-        seq = {"input_ids": torch.tensor(list(s.prompt_ids) + list(s.response_ids), dtype=torch.long),
-               "loss_mask": mask}
-        for name, values in (fields or {}).items():
-            seq[name] = values[i]
-        seqs.append(seq)
-    return seqs
+        ids.append(torch.tensor(list(s.prompt_ids) + list(s.response_ids), dtype=torch.long))
+        masks.append(mask)
+    return Sequences(ids, masks, **{k: list(v) for k, v in fields.items()})
+
+
+def pair_sequences(pairs) -> Sequences:
+    """Preference pairs (data.preference items: prompt_ids, chosen_ids, rejected_ids) as consecutive (chosen,
+    rejected) sequences with loss_mask on the response: the layout dpo_loss_fn reads."""
+    ids, masks = [], []
+    for it in pairs:
+        for resp in (it.chosen_ids, it.rejected_ids):
+            seq = torch.tensor(list(it.prompt_ids) + list(resp), dtype=torch.long)
+            mask = torch.zeros(len(seq), dtype=torch.float32)
+            mask[len(it.prompt_ids):] = 1.0
+            ids.append(seq)
+            masks.append(mask)
+    return Sequences(ids, masks)
 
 
 def shard(n: int, rank: int, world: int) -> list[int]:

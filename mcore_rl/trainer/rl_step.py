@@ -1,12 +1,11 @@
-"""The parts of an RL step shared by the single-task loop (loop.py) and the multi-task loop (multitask.py).
+"""The parts of an RL task's step (tasks.RLTask runs them; the loop never calls them directly).
 
-    samples = generate(ctx, rollout, rewards, prompts, n, first_group_id, m)      # rank 0 generates, all get them
-    source = old_logprob_source(cfg.actor.old_logprobs, ...)                      # recompute | current | rollout
-    prep = prepare(ctx, samples, algo, cfg.actor, max_new_tokens, kl_ctl, m, source)  # forwards, advantages
-    m.update(update_actor(ctx, prep, cfg.actor, num_mini, max_new_tokens))         # optimizer steps
+    rollout, m1 = generate(ctx, engine, rewards, prompts, n, first_group_id)   # rank 0 generates, all get them
+    source = old_logprob_source(cfg.actor.old_logprobs, ...)                    # recompute | current | rollout
+    batch, m2 = prepare(ctx, rollout, algo, cfg.actor, max_new_tokens, kl_ctl, source)  # RLBatch or Skip
+    m3 = update_actor(ctx, batch, cfg.actor, num_mini, max_new_tokens)          # optimizer steps
 
-`m` is the step's metrics dict; each function adds its own keys (without a task prefix: the multi-task loop
-prefixes them).
+Each returns its own metrics (keys without a task prefix; the loop prefixes them in multi-task runs).
 """
 
 from __future__ import annotations
@@ -21,9 +20,10 @@ import torch.distributed as dist
 from mcore_rl import algorithms as alg
 from mcore_rl.config.rl import ActorConfig, AlgorithmConfig
 from mcore_rl.parallel.runtime import from_rank0
-from mcore_rl.trainer.batch import response_mask, rollout_logprobs, sequences, shard, split_even
+from mcore_rl.trainer.batch import response_mask, rollout_logprobs, sample_sequences, shard, split_even
 from mcore_rl.trainer.batch import to_response_space, to_token_space
 from mcore_rl.trainer.losses import PeakMetrics, actor_loss_fn, count
+from mcore_rl.trainer.step_data import Rollout, RLBatch, Sequences, Skip
 
 
 @dataclass
@@ -39,21 +39,6 @@ class StepContext:
     dp_size: int
     temperature: float
     """Log-probs are scored under logits / temperature (1.0 for greedy rollouts)."""
-
-
-@dataclass
-class PreparedRL:
-    samples: list
-    """The step's samples after filtering (all ranks)."""
-    actor_seqs: list[dict]
-    """This rank's engine sequences with old / rollout / reference log-probs and advantages."""
-    critic_seqs: list[dict] | None
-    kl: float | None
-    """Token mean of k1 KL(actor || reference) on the samples (0 without a reference); None when old_source is
-    current (the update's loss measures it: metric `kl`)."""
-    num_response_tokens: int
-    old_source: str = "recompute"
-    """What the update takes as old log-probs (old_logprob_source): recompute | current | rollout."""
 
 
 def old_logprob_source(mode: str, *, ppo_epochs: int, num_mini_batches: int, kl_in_reward: bool) -> str:
@@ -75,39 +60,43 @@ def old_logprob_source(mode: str, *, ppo_epochs: int, num_mini_batches: int, kl_
     return "recompute"
 
 
-def generate(ctx: StepContext, rollout, rewards, prompts, n: int, first_group_id: int, m: dict) -> list:
+def generate(ctx: StepContext, engine, rewards, prompts, n: int, first_group_id: int) -> tuple[Rollout, dict]:
     """Rank 0 generates n samples per prompt and scores them; every rank gets the samples."""
+    m: dict[str, float] = {}
     t0 = time.perf_counter()
     payload = None
-    if rollout is not None:
-        batch = rollout.generate([p.prompt_ids for p in prompts], n=n, first_group_id=first_group_id,
-                                 metas=[p.meta for p in prompts], prompt_texts=[p.prompt_text for p in prompts])
+    if engine is not None:
+        batch = engine.generate([p.prompt_ids for p in prompts], n=n, first_group_id=first_group_id,
+                                metas=[p.meta for p in prompts], prompt_texts=[p.prompt_text for p in prompts])
         for s in batch.samples:
             s.response_text = ctx.tokenizer.decode(s.response_ids, skip_special_tokens=True)
         scored = rewards.score(batch.samples)
-        payload = [batch.samples, scored]
-    samples, rollout_metrics = from_rank0(payload)
+        payload = [batch.samples, batch.policy_version, scored]
+    samples, version, rollout_metrics = from_rank0(payload)
     m.update(rollout_metrics)
     m["timing/rollout_s"] = time.perf_counter() - t0
     num_gen = sum(len(s.response_ids) for s in samples)
     m["throughput/rollout_tokens_per_s"] = num_gen / max(m["timing/rollout_s"], 1e-9)
     m["response_length/mean"] = num_gen / len(samples)
     m["response_length/clip_frac"] = sum(s.finish_reason == "length" for s in samples) / len(samples)
-    return samples
+    m["rollout/sample_weight_version"] = float(version)
+    return Rollout(samples, version), m
 
 
-def prepare(ctx: StepContext, samples: list, algo: AlgorithmConfig, actor_cfg: ActorConfig, max_new_tokens: int,
-            kl_ctl, m: dict, old_source: str = "recompute") -> PreparedRL | None:
-    """Rewards -> (filter) -> old / reference log-probs and values -> advantages -> engine sequences.
+def prepare(ctx: StepContext, rollout: Rollout, algo: AlgorithmConfig, actor_cfg: ActorConfig, max_new_tokens: int,
+            kl_ctl, old_source: str = "recompute") -> tuple[RLBatch | Skip, dict]:
+    """Rewards -> (filter) -> old / reference log-probs and values -> advantages -> this rank's sequences.
 
     The actor's forward pass runs only for old_source=recompute; otherwise the rollout/* diagnostics (and, for
     current, `kl`) are measured by the update's loss (losses.actor_loss_fn). With old_source=rollout the
-    rollout log-probs also stand for log pi_old in `kl` and the KL reward penalty. Returns None when dynamic
-    sampling leaves fewer samples than data-parallel ranks (nothing to train on).
+    rollout log-probs also stand for log pi_old in `kl` and the KL reward penalty. Skip when dynamic sampling
+    leaves fewer samples than data-parallel ranks.
     """
     if old_source == "current" and algo.kl_in_reward and ctx.ref is not None:
         raise ValueError("old_source=current cannot serve algorithm.kl_in_reward: the KL penalty needs log pi_old "
                          "before the update (old_logprob_source picks recompute for it)")
+    m: dict[str, float] = {}
+    samples = rollout.samples
     scores = torch.tensor([float(s.reward) for s in samples])
     group_ids = torch.tensor([s.group_id for s in samples])
     if algo.overlong_buffer > 0:
@@ -117,7 +106,7 @@ def prepare(ctx: StepContext, samples: list, algo: AlgorithmConfig, actor_cfg: A
         keep, dropped = alg.dynamic_sampling_filter(scores, group_ids)
         m["dapo/dropped_groups"] = float(dropped)
         if int(keep.sum()) < ctx.dp_size:
-            return None
+            return Skip("every group had equal rewards (dynamic sampling left fewer samples than DP ranks)"), m
         idx = keep.nonzero().flatten().tolist()
         samples, scores, group_ids = [samples[i] for i in idx], scores[idx], group_ids[idx]
 
@@ -125,7 +114,7 @@ def prepare(ctx: StepContext, samples: list, algo: AlgorithmConfig, actor_cfg: A
     t0 = time.perf_counter()
     mine = shard(len(samples), ctx.dp_rank, ctx.dp_size)
     my_samples = [samples[i] for i in mine]
-    mbs = micro_batches(ctx.actor, sequences(my_samples), actor_cfg.forward_tokens_per_micro_batch)
+    mbs = micro_batches(ctx.actor, sample_sequences(my_samples), actor_cfg.forward_tokens_per_micro_batch)
     t = ctx.temperature
     recompute = old_source == "recompute"
     old_tok = gather_tokens(ctx.actor.compute_logprobs(mbs, temperature=t), mbs, "logprobs") if recompute else None
@@ -173,35 +162,38 @@ def prepare(ctx: StepContext, samples: list, algo: AlgorithmConfig, actor_cfg: A
         fields["old_logprobs"] = old
     if ref_lp is not None:
         fields["ref_logprobs"] = ref_lp
-    seqs = sequences(my_samples, {k: to_token_space(v[mine], my_samples) for k, v in fields.items()})
-    cseqs = None
+    actor_seqs = sample_sequences(my_samples, **{k: to_token_space(v[mine], my_samples) for k, v in fields.items()})
+    critic_seqs = None
     if ctx.critic is not None:
-        cseqs = sequences(my_samples, {"old_values": to_token_space(values[mine], my_samples),
-                                       "returns": to_token_space(returns[mine], my_samples)})
-    return PreparedRL(samples, seqs, cseqs, kl, int(mask.sum()), old_source)
+        critic_seqs = sample_sequences(my_samples, old_values=to_token_space(values[mine], my_samples),
+                                       returns=to_token_space(returns[mine], my_samples))
+    return RLBatch(Rollout(samples, rollout.weight_version), actor_seqs, critic_seqs, kl, int(mask.sum()),
+                   old_source), m
 
 
-def update_actor(ctx: StepContext, prep: PreparedRL, actor_cfg: ActorConfig, num_mini: int,
+def update_actor(ctx: StepContext, batch: RLBatch, actor_cfg: ActorConfig, num_mini: int,
                  max_response_length: int) -> dict[str, float]:
     """The actor's updates of one step (update() with the actor's loss); metrics as update() returns them, plus
     the diagnostics the loss measures when prepare() skipped the old log-prob pass."""
-    peaks = None if prep.old_source == "recompute" else PeakMetrics(["rollout/logprob_diff_max"], ctx.actor.device)
-    metrics = update(ctx.actor, prep.actor_seqs, num_mini, actor_cfg.ppo_epochs, actor_cfg.max_tokens_per_micro_batch,
+    peaks = None if batch.old_source == "recompute" else PeakMetrics(["rollout/logprob_diff_max"], ctx.actor.device)
+    metrics = update(ctx.actor, batch.actor, num_mini, actor_cfg.ppo_epochs, actor_cfg.max_tokens_per_micro_batch,
                      lambda c: actor_loss_fn(actor_cfg, c, max_response_length, ctx.ref is not None,
-                                             prep.old_source, peaks),
+                                             batch.old_source, peaks),
                      ctx.dp_group, "actor", with_entropy=True, temperature=ctx.temperature)
     if peaks is not None:
         metrics.update(peaks.reduce())
     return metrics
 
 
-def update(engine, seqs, num_mini, epochs, max_tokens, make_loss, dp_group, prefix, **kw) -> dict[str, float]:
+def update(engine, seqs: Sequences, num_mini, epochs, max_tokens, make_loss, dp_group, prefix,
+           **kw) -> dict[str, float]:
     """`epochs` passes over `seqs` in `num_mini` mini-batches, one optimizer step each; mean metrics."""
     sums: dict[str, float] = {}
     steps = 0
+    engine_seqs = seqs.for_engine()
     for _ in range(epochs):
-        for part in split_even(list(range(len(seqs))), num_mini):
-            mbs = micro_batches(engine, [seqs[i] for i in part], max_tokens)
+        for part in split_even(list(range(len(engine_seqs))), num_mini):
+            mbs = micro_batches(engine, [engine_seqs[i] for i in part], max_tokens)
             counts = count(mbs, engine.device, dp_group)
             res = engine.train_step(mbs, make_loss(counts), **kw)
             for k, v in res.metrics.items():
@@ -214,9 +206,11 @@ def update(engine, seqs, num_mini, epochs, max_tokens, make_loss, dp_group, pref
 
 # ---- helpers ---------------------------------------------------------------------------------------------------
 
-def micro_batches(engine, seqs, max_tokens: int, keep_together: int = 1):
+def micro_batches(engine, seqs: Sequences | list[dict], max_tokens: int, keep_together: int = 1):
     from mcore_rl.engine.batching import make_micro_batches
 
+    if isinstance(seqs, Sequences):
+        seqs = seqs.for_engine()
     return make_micro_batches(seqs, max_tokens, min_micro_batches=engine.pp_size,
                               multiple_of=engine.micro_batch_multiple, keep_together=keep_together)
 

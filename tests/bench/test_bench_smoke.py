@@ -5,12 +5,13 @@ figure the docs name is present, finite and positive; benchmarks are not tests, 
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from mcore_rl.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,19 +29,13 @@ KEYS = [
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_all_writes_every_figure(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, str(ROOT / "tools" / "bench_throughput.py"), "--json", str(out), "all",
            "--model", "tiny", "--train-model", "tiny", "--seq-len", "32", "--tokens", "128", "--iters", "1",
            "--train-warmup", "1", "--prompts", "2", "--n", "2", "--prompt-len", "4", "--max-new-tokens", "4",
            "--repeats", "1", "--warmup", "1", "--max-total-tokens", "2048", "--sync-layout", "all"]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", MASTER_PORT=str(_free_port()))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", MASTER_PORT=str(free_port()))
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     figures = json.loads(out.read_text())

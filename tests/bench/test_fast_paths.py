@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mcore_rl.parallel import cpu_compat
+from mcore_rl.parallel import megatron_on_cpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -21,14 +21,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def attention():
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
-    cpu_compat.apply()
+    megatron_on_cpu.apply()
     tracker = get_cuda_rng_tracker()
     if "model-parallel-rng" not in tracker.get_states():
         tracker.add("model-parallel-rng", 1234)
     from mcore_rl.models import attention as att
 
-    yield att
-    att.PACKED_IMPL = "auto"
+    return att
 
 
 @pytest.mark.parametrize(("lengths", "pad"), [([5, 5, 5], 0), ([3, 1, 7, 2], 2), ([4, 4], 3)])
@@ -38,7 +37,7 @@ def test_padded_packed_attention_matches_loop(attention, lengths, pad):
 
     cfg = TransformerConfig(num_layers=1, hidden_size=32, num_attention_heads=4, num_query_groups=2, kv_channels=8,
                             attention_dropout=0.0)
-    attn = attention.SDPAttention(cfg, 1, None, "self", pg_collection=SimpleNamespace(tp=SimpleNamespace(size=lambda: 1)))
+    tp_one = SimpleNamespace(tp=SimpleNamespace(size=lambda: 1))
     t = sum(lengths) + pad
     cu = torch.tensor([0, *attention._cumsum(lengths)], dtype=torch.int32)
     g = torch.Generator().manual_seed(0)
@@ -46,7 +45,7 @@ def test_padded_packed_attention_matches_loop(attention, lengths, pad):
     grad_out = torch.randn(t, 32, generator=g, dtype=torch.float64)
     results = {}
     for impl in ("loop", "padded"):
-        attention.PACKED_IMPL = impl
+        attn = attention.SDPAttention(cfg, 1, None, "self", pg_collection=tp_one, packed_impl=impl)
         params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=max(lengths),
                                  max_seqlen_kv=max(lengths))
         q, k, v = (x.clone().requires_grad_() for x in base)

@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from mcore_rl.net import free_port
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 ARCHS = ("llama", "qwen2", "qwen3", "mistral")
 # Token ids of the parity checks: two sequences of 12, fixed.
 SEQ_LEN, BATCH = 12, 2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run_torchrun(script: str | os.PathLike, nproc: int, args: list[str], timeout: int = 600,

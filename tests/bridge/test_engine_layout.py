@@ -1,14 +1,12 @@
-"""The engine sync layout's pure parts: SGLang names and shapes per bridge entry, the name check's message, and
-the layout choice with its fallback and error messages. The engine parity itself: tests/rollout/test_sync_layout.py.
+"""The engine sync layout's bridge side: SGLang names and shapes per bridge entry, and which checkpoints it cannot
+take. The layout choice: tests/weight_sync/test_plan.py; the name check: tests/weight_sync/test_loaders.py; the
+engine parity itself: tests/weight_sync/test_sync_layout.py.
 """
 
 from __future__ import annotations
 
-import pytest
-
 from mcore_rl.bridge.engine_layout import engine_tensors, unsupported_reason
 from mcore_rl.bridge.maps import Dims, expand
-from mcore_rl.rollout.engine_params import check_names
 
 
 def _hf(arch: str = "qwen2", tied: bool = False, vocab: int = 500, **extra) -> dict:
@@ -56,92 +54,3 @@ def test_unsupported_reasons():
     assert "quantized (quantization_config.quant_method='gptq')" in unsupported_reason(
         _hf(quantization_config={"quant_method": "gptq"}))
     assert "unsupported architecture" in unsupported_reason({"architectures": ["GPT2LMHeadModel"]})
-
-
-def test_check_names_message():
-    engine = {"a.qkv_proj.weight": (8, 4), "b.weight": (4,), "c.weight": (2,)}
-    check_names({"a.qkv_proj.weight": (8, 4), "b.weight": (4,), "c.weight": (2,)}, engine, "x")
-    check_names({"b.weight": (4,)}, engine, "a bucket", complete=False)
-    with pytest.raises(ValueError) as e:
-        check_names({"a.q_proj.weight": (4, 4), "b.weight": (5,)}, engine, "the export")
-    msg = str(e.value)
-    assert "the export does not match the engine's parameters" in msg
-    assert "not engine parameters: a.q_proj.weight" in msg
-    assert "engine parameters not sent: a.qkv_proj.weight, c.weight" in msg
-    assert "shape mismatches: b.weight (5,) vs the engine's (4,)" in msg
-    assert "rollout.weight_sync_layout=hf" in msg
-
-
-class _Rollout:
-    def __init__(self, **cfg):
-        from mcore_rl.config.rollout import RolloutConfig
-
-        self.cfg = RolloutConfig(**cfg)
-
-    def engine_layout_blocker(self):
-        return self.cfg.engine_layout_blocker()
-
-
-def test_choose_layout_auto_falls_back_with_one_log_line(caplog):
-    import logging
-
-    from mcore_rl.trainer.sync import choose_layout, layout_blockers, shared_blockers
-
-    assert choose_layout("auto", layout_blockers("tensor", _hf(), _Rollout())) == "shared"
-    assert choose_layout("auto", [], shared_blockers(1, 1)) == "shared"
-    assert choose_layout("engine", [], []) == "engine"
-    assert choose_layout("hf", []) == "hf"
-    with caplog.at_level(logging.INFO, logger="mcore_rl.trainer.sync"):
-        assert choose_layout("auto", [], shared_blockers(2, 1)) == "engine"
-    assert [r.getMessage() for r in caplog.records] == [
-        "weight sync: engine layout (buckets, not shared parameters), since the actor is split (parallel.tp=2, "
-        "parallel.pp=1): rank 0 does not hold whole parameters for the engine to copy from"]
-    caplog.clear()
-    blockers = layout_blockers("tensor", _hf(), _Rollout(tp_size=2))
-    with caplog.at_level(logging.INFO, logger="mcore_rl.trainer.sync"):
-        assert choose_layout("auto", blockers) == "hf"
-    lines = [r.getMessage() for r in caplog.records]
-    assert lines == [("weight sync: HF layout (SGLang maps the names), since rollout.tp_size=2 (each engine rank "
-                      "would need its own shard; needs 1)")]
-    assert layout_blockers("distributed", _hf(quantization_config={"quant_method": "awq"}), _Rollout()) == [
-        "trainer.weight_sync=distributed (the engine layout is for colocated tensor syncs)",
-        "the checkpoint is quantized (quantization_config.quant_method='awq')"]
-
-
-def test_forcing_engine_where_unsupported_says_what_to_change():
-    from mcore_rl.config.rollout import RolloutConfig
-    from mcore_rl.trainer.sync import choose_layout, layout_blockers, shared_blockers
-
-    with pytest.raises(ValueError, match=r"rollout.weight_sync_layout=engine is not possible: the checkpoint is "
-                                         r"quantized .*Set rollout.weight_sync_layout=auto \(falls back to hf\) or hf"):
-        choose_layout("engine", layout_blockers("tensor", _hf(quantization_config={"quant_method": "awq"}),
-                                                _Rollout()))
-    with pytest.raises(ValueError, match=r"rollout.weight_sync_layout=engine is not possible here: "
-                                         r"rollout.tp_size=2 .*Set rollout.weight_sync_layout=auto"):
-        RolloutConfig(weight_sync_layout="engine", tp_size=2)
-    with pytest.raises(ValueError, match="rollout.extra_args.quantization='fp8'"):
-        RolloutConfig(weight_sync_layout="engine", extra_args={"quantization": "fp8"})
-    with pytest.raises(ValueError, match="rollout.weight_sync_layout must be one of"):
-        RolloutConfig(weight_sync_layout="direct")
-    with pytest.raises(ValueError, match=r"rollout.weight_sync_layout=shared is not possible: the actor is split "
-                                         r"\(parallel.tp=1, parallel.pp=2\).*Set rollout.weight_sync_layout=auto "
-                                         r"\(falls back to engine or hf\) or hf"):
-        choose_layout("shared", [], shared_blockers(1, 2))
-    with pytest.raises(ValueError, match=r"rollout.weight_sync_layout=shared is not possible here: rollout.tp_size=2"):
-        RolloutConfig(weight_sync_layout="shared", tp_size=2)
-
-
-def test_pack_flat_sends_each_buffer_once_with_offsets():
-    import json
-
-    import torch
-
-    from mcore_rl.rollout.engine_params import pack_flat
-
-    a, b = torch.arange(10.0), torch.arange(6, dtype=torch.int32)
-    named = [("x", a[0:6].view(2, 3)), ("y", a[6:10]), ("z", b[2:6].view(2, 2))]
-    packed = pack_flat(named)
-    assert [json.loads(spec) for spec, _ in packed] == [[["x", 0, [2, 3]], ["y", 6, [4]]], [["z", 2, [2, 2]]]]
-    assert packed[0][1] is a and packed[1][1] is b
-    assert pack_flat([("x", a.clone())]) is None  # not a view: sent tensor by tensor
-    assert pack_flat([("x", a.view(2, 5)[:, :2])]) is None  # a non-contiguous view

@@ -71,16 +71,21 @@ def check_critic(actor_chunks, hf, hf_dir, parallel) -> dict:
     import torch
 
     from mcore_rl.bridge import HFWeightExporter, load_hf_weights
+    from mcore_rl.bridge.bind import bind
     from mcore_rl.config.model import ModelConfig
     from mcore_rl.models import build_model
 
-    critic = build_model(hf, ModelConfig(path=hf_dir, dtype="fp32", attention="sdpa"), parallel, value_head=True)
-    load_hf_weights(critic, hf_dir, hf)
+    built = build_model(hf, ModelConfig(path=hf_dir, dtype="fp32", attention="sdpa"), parallel, value_head=True)
+    critic = built.chunks
+    load_hf_weights(critic, hf_dir, hf, critic=built.info.is_critic)
     actor = dict(actor_chunks[0].named_parameters())
     shared = {n: p for n, p in critic[0].named_parameters() if not n.startswith("output_layer.")}
     result = {"same_as_actor": all(torch.equal(p, actor[n]) for n, p in shared.items()), "num_shared": len(shared)}
+    # callers holding only the chunks (critic=None): read from the modules, the same binding
+    result["bind_reads_critic"] = ([b.name for b in bind(critic, hf)]
+                                   == [b.name for b in bind(critic, hf, critic=True)])
     try:
-        HFWeightExporter(critic, hf)
+        HFWeightExporter(critic, hf, critic=built.info.is_critic)
         result["export_refused"] = ""
     except ValueError as err:
         result["export_refused"] = str(err)
@@ -118,7 +123,7 @@ def main():
         layout = f"tp{tp}_pp{pp}" + (f"_vpp{vpp}" if vpp else "")
         for m in spec["models"]:
             hf = load_hf_config(m["dir"])
-            chunks = build_model(hf, ModelConfig(path=m["dir"], dtype="fp32", attention="sdpa"), parallel)
+            chunks = build_model(hf, ModelConfig(path=m["dir"], dtype="fp32", attention="sdpa"), parallel).chunks
             load_hf_weights(chunks, m["dir"], hf)
             case = {"layout": layout, "model": m["key"], "rank": rank}
             if vpp is None:  # the hand-written forward below has no interleaved schedule
@@ -152,7 +157,8 @@ def main():
                     saved = True
                     case["ckpt_saved"] = True
                 else:  # later layouts: a fresh (randomly initialised) model from the checkpoint
-                    fresh = build_model(hf, ModelConfig(path=m["dir"], dtype="fp32", attention="sdpa"), parallel)
+                    fresh = build_model(hf, ModelConfig(path=m["dir"], dtype="fp32", attention="sdpa"),
+                                        parallel).chunks
                     load_mcore_checkpoint(fresh, ckpt)
                     case["ckpt_export"] = check_export(
                         HFWeightExporter(fresh, hf, bucket_bytes=spec["bucket_bytes"]), ref_sd, order)

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from mcore_rl.net import free_port
 from tests.parallel import launcher
 
 HERE = Path(__file__).resolve().parent
@@ -35,7 +36,7 @@ def torchrun_nodes():
     import subprocess
 
     def run(script: str, nnodes: int, *args, timeout: float = 600) -> list[str]:
-        port = launcher.free_port()
+        port = free_port()
         procs = [
             subprocess.Popen(launcher.torchrun_cmd(HERE / script, 1, list(args), port, nnodes=nnodes,
                                                    node_rank=node_rank),

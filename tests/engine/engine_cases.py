@@ -112,7 +112,7 @@ def save_tensors_as_model(tensors: dict[str, torch.Tensor], hf, cfg, parallel, p
     from mcore_rl.engine import checkpoint as ckpt
     from mcore_rl.models import build_model
 
-    chunks = build_model(hf, cfg, parallel, value_head=critic)
+    chunks = build_model(hf, cfg, parallel, value_head=critic).chunks
     with torch.no_grad():
         for i, c in enumerate(chunks):
             for n, p in c.named_parameters():
@@ -125,7 +125,7 @@ def load_model_tensors(hf, cfg, parallel, path, critic: bool = False) -> dict[st
     from mcore_rl.engine import checkpoint as ckpt
     from mcore_rl.models import build_model
 
-    chunks = build_model(hf, cfg, parallel, value_head=critic)
+    chunks = build_model(hf, cfg, parallel, value_head=critic).chunks
     ckpt.load(path, chunks)
     return params_by_name(chunks)
 

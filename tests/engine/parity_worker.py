@@ -143,7 +143,7 @@ def run_layout(parallel, flags):
             # Plain autograd over one padded batch of all sequences, full-vocabulary log_softmax.
             from mcore_rl.models import build_model
 
-            plain = build_model(hf, cfg, parallel)
+            plain = build_model(hf, cfg, parallel).chunks  # no lm_head row selection: a plain GPTModel forward
             ckpt.load(ref / arch / "init", plain)
             model = plain[0]
             everything = make_micro_batches(all_seqs, micro_batch_size=len(all_seqs), packed=False)[0]

@@ -58,15 +58,22 @@ def test_megatron_config_mapping():
     assert m.clip_grad == float("inf")  # clip_grad=0 reports the norm without clipping
 
 
-def test_from_settings_copies_matching_fields():
-    @dataclass
-    class ActorLike:
-        lr: float = 3e-6
-        clip_grad: float = 0.5
-        ppo_epochs: int = 2  # not an optimizer field: ignored
+def test_actor_and_critic_are_optimizer_configs():
+    """One optimizer config: the actor's and critic's run configs are OptimConfigs, so every optimizer field is
+    settable as actor.<field>, their errors name the section the user wrote, and a decay schedule may leave its
+    length to the trainer."""
+    from mcore_rl.config.rl import ActorConfig, CriticConfig
 
-    cfg = OptimConfig.from_settings(ActorLike(), lr_warmup_steps=3)
-    assert (cfg.lr, cfg.clip_grad, cfg.lr_warmup_steps) == (3e-6, 0.5, 3)
+    actor = ActorConfig(lr=3e-6, lr_warmup_init=1e-6, use_distributed_optimizer=False, grad_reduce_in_fp32=False,
+                        lr_decay_style="cosine")
+    assert isinstance(actor, OptimConfig) and actor.lr_decay_steps is None
+    assert (actor.lr_warmup_init, actor.use_distributed_optimizer, actor.grad_reduce_in_fp32) == (1e-6, False, False)
+    with pytest.raises(ValueError, match=r"^actor.min_lr \(1.0\) must be in \[0, lr"):
+        ActorConfig(lr=1e-3, min_lr=1.0)
+    with pytest.raises(ValueError, match=r"^critic.adam_eps must be positive"):
+        CriticConfig(adam_eps=0.0)
+    with pytest.raises(ValueError, match=r"optim.lr_decay_style=cosine needs optim.lr_decay_steps"):
+        OptimConfig(lr=1e-3, lr_decay_style="cosine")
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mcore_rl.parallel import cpu_compat
+from mcore_rl.parallel import megatron_on_cpu
 
 HEADS, GROUPS, DIM = 4, 2, 8
 
@@ -16,7 +16,7 @@ HEADS, GROUPS, DIM = 4, 2, 8
 def attention_cls():
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
-    cpu_compat.apply()  # the RNG tracker forks the CPU generator on a CUDA-less machine
+    megatron_on_cpu.apply()  # the RNG tracker forks the CPU generator on a CUDA-less machine
     tracker = get_cuda_rng_tracker()
     if "model-parallel-rng" not in tracker.get_states():
         tracker.add("model-parallel-rng", 1234)
@@ -30,11 +30,9 @@ def make(attention_cls, window=None):
 
     config = TransformerConfig(num_layers=1, hidden_size=HEADS * DIM, num_attention_heads=HEADS,
                                num_query_groups=GROUPS, kv_channels=DIM, attention_dropout=0.0)
-    if window is not None:
-        config.mcore_rl_sliding_window = window
     tp_one = SimpleNamespace(tp=SimpleNamespace(size=lambda: 1))
     return attention_cls(config, layer_number=1, attn_mask_type=None, attention_type="self",
-                         pg_collection=tp_one)
+                         pg_collection=tp_one, sliding_window=window)
 
 
 def naive(q, k, v, window=None):
@@ -85,6 +83,11 @@ def test_packed_sequences_attend_only_to_themselves(attention_cls, window):
     expected = torch.cat([naive(*p, window) for p in parts])
     torch.testing.assert_close(out[:total], expected, rtol=0, atol=1e-12)
     assert torch.all(out[total:] == 0)
+
+
+def test_unknown_packed_impl_is_refused(attention_cls):
+    with pytest.raises(ValueError, match=r"model.packed_attention must be one of .*, got 'fast'"):
+        attention_cls(None, layer_number=1, attn_mask_type=None, attention_type="self", packed_impl="fast")
 
 
 def test_attention_bias_is_refused(attention_cls):

@@ -5,13 +5,13 @@ import torch
 
 from mcore_rl.config.model import ModelConfig
 from mcore_rl.config.parallel import ParallelConfig
-from mcore_rl.models.builder import padded_vocab_size, rope_kwargs, transformer_config
+from mcore_rl.models.builder import padded_vocab_size, rope_kwargs, sliding_window, transformer_config
 
 
 def hf(arch="qwen2", **overrides):
     base = {
         "architectures": {"qwen2": ["Qwen2ForCausalLM"], "llama": ["LlamaForCausalLM"],
-                          "qwen3": ["Qwen3ForCausalLM"]}[arch],
+                          "qwen3": ["Qwen3ForCausalLM"], "mistral": ["MistralForCausalLM"]}[arch],
         "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
         "num_key_value_heads": 2, "vocab_size": 512, "rms_norm_eps": 1e-6, "hidden_act": "silu",
     }
@@ -72,3 +72,20 @@ def test_fused_swiglu_setting(setting, expected):
 def test_fused_swiglu_value_is_checked():
     with pytest.raises(ValueError, match="model.fused_swiglu must be one of"):
         ModelConfig(fused_swiglu="yes")
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(compile_rope="yes"), r"model.compile_rope must be one of \('off', 'on', 'auto'\), got 'yes'"),
+    (dict(packed_rope=False, compile_rope="on"),
+     "model.compile_rope=on compiles the packed RoPE path, which model.packed_rope=false turns off"),
+    (dict(packed_attention="flash"), r"model.packed_attention must be one of .*, got 'flash'"),
+])
+def test_kernel_options_are_checked(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(**kwargs)
+
+
+def test_sliding_window_only_for_mistral():
+    assert sliding_window(hf("mistral", sliding_window=4)) == 4
+    assert sliding_window(hf("mistral", sliding_window=4, use_sliding_window=False)) is None
+    assert sliding_window(hf("llama")) is None

@@ -69,20 +69,27 @@ def test_other_cases_go_to_megatron():
 
 
 def test_install_points_megatron_attention_here():
-    rope.install()
+    try:
+        rope.install(packed=False)  # ModelConfig.packed_rope=false: Megatron's per-sequence path
+        assert attention.apply_rotary_pos_emb is rope_utils.apply_rotary_pos_emb
+        rope.install(compile="on")
+        assert attention.apply_rotary_pos_emb.keywords == {"compile": "on"}
+        with pytest.raises(ValueError, match="model.compile_rope must be one of"):
+            rope.install(compile="yes")
+    finally:
+        rope.install()
     assert attention.apply_rotary_pos_emb is rope.apply_rotary_pos_emb
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 2 ** -7)])
-def test_compiled_rotation_matches_megatron(monkeypatch, dtype, tol):
+def test_compiled_rotation_matches_megatron(dtype, tol):
     """What GPUs run (torch.compile'd rotation), compiled here on the CPU: fp32 equal to Megatron's THD path up
     to fp32 rounding; bf16 within a bf16 rounding step of the values' scale (the fused kernel rounds once)."""
-    monkeypatch.setattr(rope, "COMPILE", "on")
     t, freqs, cu = _case([5, 2, 9], dtype, head_dim=24, seed=2)
     a, b = t.clone().float().to(dtype).requires_grad_(), t.clone().requires_grad_()
     w = torch.randn(t.shape, generator=torch.Generator().manual_seed(3)).to(dtype)
     expected = rope_utils._apply_rotary_pos_emb_thd(a, cu, freqs, cp_group=_OneRank())
-    got = rope.apply_rotary_pos_emb(b, freqs, _Config(), cu_seqlens=cu, cp_group=_OneRank())
+    got = rope.apply_rotary_pos_emb(b, freqs, _Config(), cu_seqlens=cu, cp_group=_OneRank(), compile="on")
     (expected * w).sum().backward()
     (got * w).sum().backward()
     scale = expected.detach().abs().max().item()

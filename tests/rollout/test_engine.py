@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from conftest import LOGPROB_TOL, NUM_NEW, assert_matches_hf, buckets, cpu_config, hf_weights
-from mcore_rl.rollout import DistributedWeightSender, RolloutEngine, RolloutEngineError
+from mcore_rl.rollout import RolloutEngine, RolloutEngineError
+from mcore_rl.weight_sync.distributed import DistributedWeightSender
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +71,12 @@ def test_stop_strings_need_the_tokenizer(engine):
 
 def test_tensor_sync_in_buckets_switches_to_the_new_model(engine, models, hf, prompts):
     version = engine.weight_version
-    with engine.weight_update():
+    with engine.weights.weight_update():
         for bucket in buckets(hf_weights(models["m1"]), 3):
-            engine.update_bucket(bucket)
+            engine.weights.update_bucket(bucket)
     assert engine.weight_version == version + 1
     assert_matches_hf(engine, hf["m1"], prompts["m1"])
-    assert engine.update_weights_from_tensors(hf_weights(models["m0"])) == version + 2
+    assert engine.weights.update_weights_from_tensors(hf_weights(models["m0"])) == version + 2
     assert_matches_hf(engine, hf["m0"], prompts["m0"])
 
 
@@ -90,9 +91,9 @@ def test_distributed_sync_over_gloo(engine, models, hf, prompts):
 
 def test_disk_sync(engine, models, hf, prompts):
     version = engine.weight_version
-    assert engine.update_weights_from_disk(models["m1"]) == version + 1
+    assert engine.weights.update_weights_from_disk(models["m1"]) == version + 1
     assert_matches_hf(engine, hf["m1"], prompts["m1"])
-    engine.update_weights_from_disk(models["m0"])
+    engine.weights.update_weights_from_disk(models["m0"])
     assert_matches_hf(engine, hf["m0"], prompts["m0"])
 
 
@@ -100,34 +101,34 @@ def test_failed_sync_blocks_generation_until_a_complete_one(engine, models, hf, 
     version = engine.weight_version
     good = hf_weights(models["m1"])
     with pytest.raises(OSError, match="bridge lost a shard"):  # e.g. the trainer fails while building buckets
-        with engine.weight_update():
-            engine.update_bucket(good[:5])
+        with engine.weights.weight_update():
+            engine.weights.update_bucket(good[:5])
             raise OSError("bridge lost a shard")
     assert engine.weight_version == version
     with pytest.raises(RolloutEngineError, match="holds a mix of old and new weights"):
         engine.generate([[1, 2, 3]])
-    engine.update_weights_from_tensors(hf_weights(models["m0"]))
+    engine.weights.update_weights_from_tensors(hf_weights(models["m0"]))
     assert_matches_hf(engine, hf["m0"], prompts["m0"])
     # the same through the explicit calls a multi-rank trainer makes
-    engine.begin_update()
-    engine.update_bucket(good[:5])
-    engine.abort_update("export failed on another rank")
-    assert not engine.sync_open and engine.weight_version == version + 1
+    engine.weights.begin_update()
+    engine.weights.update_bucket(good[:5])
+    engine.weights.abort_update("export failed on another rank")
+    assert not engine.weights.sync_open and engine.weight_version == version + 1
     with pytest.raises(RolloutEngineError, match=r"failed part-way \(export failed on another rank\)"):
         engine.generate([[1, 2, 3]])
-    engine.update_weights_from_tensors(hf_weights(models["m0"]))
+    engine.weights.update_weights_from_tensors(hf_weights(models["m0"]))
     assert_matches_hf(engine, hf["m0"], prompts["m0"])
 
 
 def test_sync_misuse_is_reported(engine):
     with pytest.raises(RuntimeError, match="needs an open weight sync"):
-        engine.update_bucket([])
-    engine.begin_update()
+        engine.weights.update_bucket([])
+    engine.weights.begin_update()
     with pytest.raises(RuntimeError, match="weight sync is open"):
         engine.generate([[1, 2]])
     with pytest.raises(RuntimeError, match="already open"):
-        engine.begin_update()
-    engine.end_update()
+        engine.weights.begin_update()
+    engine.weights.end_update()
 
 
 def test_release_and_resume_memory(engine, hf, prompts):

@@ -115,7 +115,7 @@ def test_engine_child_killed_mid_rollout(models):
 
 
 def test_attach_to_nothing_times_out():
-    from mcore_rl.rollout.server import free_port
+    from mcore_rl.net import free_port
 
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(RolloutEngineError, match=rf"failed to attach to the SGLang server at {url} within 1 s "

@@ -8,7 +8,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from conftest import NUM_NEW, assert_matches_hf, buckets, cpu_config, hf_weights
-from mcore_rl.rollout import DistributedWeightSender, RolloutEngine, RolloutEngineError
+from mcore_rl.rollout import RolloutEngine, RolloutEngineError
+from mcore_rl.weight_sync.distributed import DistributedWeightSender
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +54,12 @@ def test_attach_to_running_server(server, hf, prompts):
 
 def test_tensor_sync_over_http(server, models, hf, prompts):
     version = server.weight_version
-    with server.weight_update():
+    with server.weights.weight_update():
         for bucket in buckets(hf_weights(models["m1"]), 3):
-            server.update_bucket(bucket)
+            server.weights.update_bucket(bucket)
     assert server.weight_version == version + 1
     assert_matches_hf(server, hf["m1"], prompts["m1"])
-    server.update_weights_from_tensors(hf_weights(models["m0"]))
+    server.weights.update_weights_from_tensors(hf_weights(models["m0"]))
     assert_matches_hf(server, hf["m0"], prompts["m0"])
 
 
@@ -71,9 +72,9 @@ def test_distributed_sync_with_server(server, models, hf, prompts):
 
 
 def test_disk_sync_and_memory_calls(server, models, hf, prompts):
-    server.update_weights_from_disk(models["m1"])
+    server.weights.update_weights_from_disk(models["m1"])
     assert_matches_hf(server, hf["m1"], prompts["m1"])
-    server.update_weights_from_disk(models["m0"])
+    server.weights.update_weights_from_disk(models["m0"])
     server.release_memory()
     server.resume_memory()
     assert_matches_hf(server, hf["m0"], prompts["m0"])

@@ -1,11 +1,12 @@
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from mcore_rl.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,12 +25,6 @@ def arith_data(tmp_path_factory):
     path = tmp_path_factory.mktemp("data") / "arith.jsonl"
     write_jsonl(make_arithmetic_rows(64, seed=0, max_digits=1, operators="+"), path)
     return str(path)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_train(nproc: int, overrides: list[str], timeout: int = 900) -> subprocess.CompletedProcess:

@@ -1,5 +1,5 @@
-"""torchrun worker (1 process): build the multi-task trainer, run one step, and count the trainable parameters
-that exist in the process.
+"""torchrun worker (1 process): set up a multi-task run, run one step of the loop's parts, and count the trainable
+parameters that exist in the process.
 
     python -m torch.distributed.run --nproc_per_node 1 tests/trainer/multitask_worker.py OUT HYDRA_OVERRIDES...
 
@@ -21,15 +21,19 @@ if __name__ == "__main__":
     from hydra import compose, initialize_config_dir
 
     from mcore_rl.config.root import register, to_object
-    from mcore_rl.trainer.multitask import MultiTaskTrainer
+    from mcore_rl.trainer.loop import build_scheduler, collect_batches
+    from mcore_rl.trainer.run import Run
+    from mcore_rl.trainer.update import train_step
 
     out, overrides = Path(sys.argv[1]), sys.argv[2:]
     register()
     with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[2] / "conf"), version_base=None):
         cfg = to_object(compose("config", overrides=overrides))
-    trainer = MultiTaskTrainer(cfg)
+    trainer = Run(cfg)
     try:
-        m = trainer.step(1)
+        scheduler, _ = build_scheduler(cfg, trainer)
+        batches, m = collect_batches(trainer, scheduler, 1)
+        m.update(train_step(trainer, scheduler, batches))
         gc.collect()
         params = [o for o in gc.get_objects() if issubclass(type(o), torch.nn.Parameter)]
         trainable = {id(p): p for p in params if p.requires_grad}

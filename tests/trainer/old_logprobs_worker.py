@@ -9,6 +9,7 @@ OUT/result.json, each run's step metrics, the weights' max abs change and the ma
 runs, and the figures the rollout run's loss must see, worked out here from the gap.
 """
 
+import dataclasses
 import json
 import os
 import sys
@@ -25,7 +26,6 @@ if __name__ == "__main__":
 
     from mcore_rl.bridge import load_hf_weights
     from mcore_rl.config.model import ModelConfig
-    from mcore_rl.config.optim import OptimConfig
     from mcore_rl.config.parallel import ParallelConfig
     from mcore_rl.config.rl import ActorConfig, AlgorithmConfig
     from mcore_rl.engine import TrainEngine
@@ -33,7 +33,8 @@ if __name__ == "__main__":
     from mcore_rl.parallel import destroy, initialize
     from mcore_rl.testing import make_tiny_hf_model
     from mcore_rl.trainer import rl_step as rl
-    from mcore_rl.trainer.batch import sequences
+    from mcore_rl.trainer.batch import sample_sequences
+    from mcore_rl.trainer.step_data import Rollout
     from mcore_rl.types import Sample
 
     out = Path(sys.argv[1])
@@ -51,7 +52,7 @@ if __name__ == "__main__":
     dp_rank, dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
 
     def engine(path, optim: ActorConfig | None):
-        e = TrainEngine(hf, model_cfg, parallel, OptimConfig.from_settings(optim, lr_decay_steps=1) if optim else None)
+        e = TrainEngine(hf, model_cfg, parallel, dataclasses.replace(optim, lr_decay_steps=1) if optim else None)
         load_hf_weights(e.model_chunks, path, hf)
         if optim:
             e.reload_master_weights()
@@ -70,7 +71,7 @@ if __name__ == "__main__":
                               reward=float(torch.rand((), generator=g))))
     # rollout log-probs = the actor's own minus gap in [0, 0.1): a known trainer / engine gap
     probe = engine(actor_path, None)
-    mbs = rl.micro_batches(probe, sequences(samples), 64)
+    mbs = rl.micro_batches(probe, sample_sequences(samples), 64)
     current = rl.gather_tokens(probe.compute_logprobs(mbs), mbs, "logprobs")
     gaps = []
     for s, lp in zip(samples, current):
@@ -96,9 +97,8 @@ if __name__ == "__main__":
         if init is None:
             init = params(actor)
         ctx = rl.StepContext(actor, ref, None, None, dp_group, dp_rank, dp_size, 1.0)
-        m = {}
-        prep = rl.prepare(ctx, samples, algo, actor_cfg, 16, None, m, source)
-        m.update(rl.update_actor(ctx, prep, actor_cfg, 1, 16))
+        batch, m = rl.prepare(ctx, Rollout(samples, 0), algo, actor_cfg, 16, None, source)
+        m.update(rl.update_actor(ctx, batch, actor_cfg, 1, 16))
         result["runs"][source] = m
         weights[source] = params(actor)
         del actor

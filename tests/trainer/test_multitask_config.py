@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from mcore_rl.config.multitask import MultiTaskConfig, TaskConfig, TaskDataConfig
+from mcore_rl.config.rl import AlgorithmConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,11 +24,12 @@ def compose(*overrides):
 
 def test_recipe_composes_into_task_configs():
     cfg = compose("experiment=multitask_grpo_dpo", "tasks.0.batch_size=3", "multitask.combine=alternating")
-    grpo, dpo = cfg.tasks
-    assert (grpo.name, grpo.algorithm, grpo.batch_size, grpo.is_rl) == ("arithmetic", "grpo", 3, True)
-    assert (dpo.name, dpo.algorithm, dpo.is_rl) == ("safety", "dpo", False)
-    assert grpo.algorithm_config().adv_estimator == "grpo"
-    assert dpo.dataset_config().chosen_key == "chosen" and dpo.dataset_config().max_length == 512
+    grpo, dpo = cfg.task_specs()
+    assert (grpo.name, grpo.kind, grpo.batch_size, grpo.is_rl) == ("arithmetic", "rl", 3, True)
+    assert (dpo.name, dpo.kind, dpo.is_rl, dpo.algorithm, dpo.reward) == ("safety", "dpo", False, None, None)
+    assert grpo.algorithm.adv_estimator == "grpo" and grpo.algorithm.n_samples_per_prompt == 4
+    assert grpo.reward.math.fallback_last_number  # the task's own reward, not the top-level one
+    assert dpo.data.chosen_key == "chosen" and dpo.data.max_length == 512 and dpo.dpo.beta == 0.1
     assert cfg.multitask.combine == "alternating"
     for t in cfg.tasks:  # the recipe's data files exist in the repository
         assert all(os.path.isfile(ROOT / f) for f in t.data.train_files)
@@ -39,12 +41,12 @@ def _data(**kw):
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"name": "a b"}, "task name 'a b' must be letters, digits, '_' or '-' (it names metrics)"),
-    ({"algorithm": "sft"}, "task t: algorithm must be one of ('grpo', 'ppo', 'dpo'), got 'sft'"),
+    ({"kind": "sft"}, "task t: kind must be one of ('rl', 'dpo'), got 'sft'"),
     ({"weight": 0.0}, "task t: weight must be > 0, got 0.0"),
     ({"batch_size": 0}, "task t: batch_size must be >= 1, got 0"),
     ({"clip_grad": -1.0}, "task t: clip_grad must be >= 0 (0 disables), got -1.0"),
-    ({"n_samples_per_prompt": 1}, "task t: algorithm.adv_estimator=grpo compares samples of one prompt"),
-    ({"algorithm": "dpo", "data": "max_prompt_length=600"},
+    ({"kind": "dpo", "algorithm": AlgorithmConfig()}, "task t: a dpo task has no algorithm or reward; remove them"),
+    ({"kind": "dpo", "data": "max_prompt_length=600"},
      "task t: max_prompt_length (600) must be smaller than max_length (512)"),
 ])
 def test_task_errors(kwargs, message):
@@ -84,11 +86,36 @@ def test_only_selects_tasks():
 def test_run_level_errors():
     with pytest.raises(ValueError, match="task names must be unique"):
         compose("experiment=multitask_grpo_dpo", "tasks.1.name=arithmetic")
-    with pytest.raises(ValueError, match="task arithmetic: algorithm=ppo with adv_estimator=gae needs a critic"):
-        compose("experiment=multitask_grpo_dpo", "tasks.0.algorithm=ppo")
+    with pytest.raises(ValueError, match="task arithmetic: algorithm.adv_estimator=gae needs a critic"):
+        compose("experiment=multitask_grpo_dpo", "tasks.0.algorithm.adv_estimator=gae")
+    with pytest.raises(ValueError, match="task arithmetic: algorithm.kl_in_reward=true has no effect"):
+        compose("experiment=multitask_grpo_dpo", "tasks.0.algorithm.kl_in_reward=true")
+    with pytest.raises(ValueError, match=r"algorithm.n_samples_per_prompt >= 2 \(got 1\)"):
+        compose("experiment=multitask_grpo_dpo", "tasks.0.algorithm.n_samples_per_prompt=1")
+    with pytest.raises(ValueError, match=r"adv_estimator='grpoo' is not one of .*did you mean grpo"):
+        compose("experiment=multitask_grpo_dpo", "tasks.0.algorithm.adv_estimator=grpoo")
     with pytest.raises(ValueError, match="task safety: dpo compares the actor with the reference"):
         compose("experiment=multitask_grpo_dpo", "ref.enabled=false", "multitask.kl_target=null")
     with pytest.raises(ValueError, match="set actor.mini_batch_size=0"):
         compose("experiment=multitask_grpo_dpo", "actor.mini_batch_size=8")
-    with pytest.raises(ValueError, match="actor.old_logprobs=rollout is for single-task runs"):
-        compose("experiment=multitask_grpo_dpo", "actor.old_logprobs=rollout")
+
+
+
+def test_task_defaults_come_from_the_top_level():
+    """A task that leaves out its algorithm or reward runs with the top-level ones (nothing is silently ignored);
+    algorithm features a task's own config sets reach its AlgorithmConfig whole."""
+    cfg = compose("experiment=multitask_grpo_dpo", "tasks.0.algorithm=null", "tasks.0.reward=null",
+                  "algorithm.n_samples_per_prompt=6", "algorithm.dynamic_sampling=true", "reward.name=exact_match")
+    rl = cfg.task_specs()[0]
+    assert rl.algorithm is cfg.algorithm and rl.algorithm.n_samples_per_prompt == 6 and rl.algorithm.dynamic_sampling
+    assert rl.reward is cfg.reward and rl.reward.name == "exact_match"
+    cfg = compose("experiment=multitask_grpo_dpo", "tasks.0.algorithm.overlong_buffer=4",
+                  "tasks.0.algorithm.kl_adaptive=true")
+    assert cfg.task_specs()[0].algorithm.overlong_buffer == 4 and cfg.task_specs()[0].algorithm.kl_adaptive
+
+
+def test_single_task_is_one_task():
+    cfg = compose("trainer.prompts_per_step=3")
+    (spec,) = cfg.task_specs()
+    assert not cfg.multi_task and spec.is_rl and spec.batch_size == 3
+    assert spec.algorithm is cfg.algorithm and spec.reward is cfg.reward and spec.data is cfg.data

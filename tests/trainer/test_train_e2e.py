@@ -78,7 +78,8 @@ def test_two_node_launch_through_hostfile(tiny_model, arith_data, tmp_path):
     import subprocess
     import sys
 
-    from tests.trainer.conftest import ROOT, free_port
+    from mcore_rl.net import free_port
+    from tests.trainer.conftest import ROOT
 
     hostfile = tmp_path / "hosts"
     hostfile.write_text("127.0.0.1 slots=1\n127.0.0.1 slots=1\n")

@@ -1,12 +1,15 @@
-"""The engine's own parameter table (names, shapes, dtypes), for weight syncs in SGLang's layout.
+"""Our custom SGLang weight loaders (they run inside SGLang's scheduler process), and the checks and packing of what
+the trainer sends them. The engine is started with them unless weight_sync.layout=hf (RolloutEngine(weight_loaders=)).
+
+The engine's own parameter table (names, shapes, dtypes), for weight syncs in SGLang's layout.
 
 A sync in the engine layout (load_format="direct") looks every name up in the engine's named_parameters() inside
 SGLang's scheduler; an unknown name or a wrong shape raises there and kills the scheduler. So the first such sync
 checks the names first, against the running engine. SGLang has no call that lists the parameters of every model
 (get_weights_by_name answers None for Qwen2, and a tensor update answers only success and a message), so the
 table comes back through a custom weight loader that SGLang imports in its scheduler: `describe` is registered
-with the engine (ServerArgs.custom_weight_loader, see settings.server_args) and called as a tensor update whose
-one tensor's *name* is a file path on this host, where it writes the table as JSON. Tensor updates already
+with the engine (ServerArgs.custom_weight_loader, see mcore_rl.rollout.settings.server_args) and called as a tensor
+update whose one tensor's *name* is a file path on this host, where it writes the table as JSON. Tensor updates already
 require the engine on the same host (shared-memory / CUDA IPC handles).
 
 `load_flat` is the engine layout's loader for a bucket packed in one flat buffer per dtype (what the bridge
@@ -168,4 +171,4 @@ def check_names(sending: dict[str, tuple[int, ...]], engine: dict[str, tuple[int
             more = f" (+{len(names) - 8} more)" if len(names) > 8 else ""
             parts.append(f"{label}: {', '.join(names[:8])}{more}")
     raise ValueError(f"{what} does not match the engine's parameters: {'; '.join(parts)}. Set "
-                     "rollout.weight_sync_layout=hf to sync through SGLang's HF-name loader instead.")
+                     "weight_sync.layout=hf to sync through SGLang's HF-name loader instead.")

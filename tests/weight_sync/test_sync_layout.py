@@ -4,7 +4,8 @@ SGLang's load_format="direct"; shared: the engine copies from the actor's own pa
 every engine parameter is bit-identical (each ends in one copy of the same fp32 values),
 and the sync changed every parameter. Qwen2 with untied embeddings (vocab 512) and with tied embeddings and vocab 500,
 whose embedding SGLang pads to 512 rows (zeros). Runs in a subprocess (Megatron + one engine per model, ~1 min).
-Pure parts (names, messages, fallback): tests/bridge/test_engine_layout.py.
+Pure parts: tests/bridge/test_engine_layout.py (names, shapes), test_plan.py (choice, fallback, messages),
+test_loaders.py (the name check, the flat packing).
 """
 
 import json
@@ -25,8 +26,8 @@ pytestmark = pytest.mark.slow
 def test_engine_layout_equals_hf_layout(tmp_path):
     untied = make_tiny_hf_model(tmp_path / "untied", arch="qwen2", seed=0)
     tied = make_tiny_hf_model(tmp_path / "tied", arch="qwen2", tied=True, vocab_size=500, seed=1)
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "rollout" / "sync_layout_worker.py"), str(tmp_path),
-                           str(untied), str(tied)], cwd=ROOT, capture_output=True, text=True, timeout=900,
+    worker = ROOT / "tests" / "weight_sync" / "sync_layout_worker.py"
+    proc = subprocess.run([sys.executable, str(worker), str(tmp_path), str(untied), str(tied)], cwd=ROOT, capture_output=True, text=True, timeout=900,
                           env=dict(os.environ, PYTHONUNBUFFERED="1"))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
     results = json.loads((tmp_path / "result.json").read_text())

@@ -9,7 +9,7 @@ This module provides
   - `assign_req_to_token_pool_cpu`  (writes newly allocated KV slots into the request-to-token table),
   - `copy_all_layer_kv_cache_cpu`   (moves KV rows between slots in every layer's buffer, by raw pointer),
 
-in plain torch, each tested against a naive loop in tests/rollout/test_cpu_compat.py. Speculative-decoding
+in plain torch, each tested against a naive loop in tests/rollout/test_sgl_kernel_stand_in.py. Speculative-decoding
 helpers SGLang imports on CPU (`_SPECULATIVE`) exist as names only, and so does any other attribute: calling one
 raises NotImplementedError naming the function, so an unsupported code path fails loudly instead of silently.
 There is no AMX backend here: `torch.ops.sgl_kernel` stays empty, so SGLang's AMX checks stay False.
@@ -23,7 +23,7 @@ run. A spawned child starts with the parent's `sys.path` (multiprocessing.spawn.
 puts the directory `_sgl_kernel_stub/` (a tiny `sgl_kernel` package whose __init__ loads this module) at
 the front of `sys.path` in the parent, and registers the stand-in in `sys.modules` for the parent itself. For an
 HTTP server we launch, `child_env()` adds the same directory to PYTHONPATH. A server started by hand on CPU needs
-`PYTHONPATH=$(python -m mcore_rl.rollout.cpu_compat)`; nothing has to be written into site-packages.
+`PYTHONPATH=$(python -m mcore_rl.rollout.sgl_kernel_stand_in)`; nothing has to be written into site-packages.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ _SPECULATIVE = (
     "fill_bonus_tokens_cpu",
 )
 
-# SGLang's CPU settings (FACTS.md): without SGLANG_USE_CPU_ENGINE it takes a vllm rotary branch and fails.
+# SGLang's CPU settings (docs/rollout.md): without SGLANG_USE_CPU_ENGINE it takes a vllm rotary branch and fails.
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
 
 
@@ -100,7 +100,7 @@ def _host_bytes(address: int, num_bytes: int):
 def _not_implemented(name: str):
     def stand_in(*args, **kwargs):
         raise NotImplementedError(
-            f"sgl_kernel.{name} is not provided by mcore_rl's CPU stand-in (mcore_rl/rollout/cpu_compat.py), "
+            f"sgl_kernel.{name} is not provided by mcore_rl's CPU stand-in (mcore_rl/rollout/sgl_kernel_stand_in.py), "
             "which covers plain generation only (no speculative decoding, quantisation or AMX kernels). "
             "Run this feature on a GPU, or with a real sgl_kernel CPU build."
         )
@@ -125,7 +125,7 @@ def stand_in_module() -> types.ModuleType:
     """The `sgl_kernel` stand-in (one instance per process)."""
     global _MODULE
     if _MODULE is None:
-        mod = _StandInModule("sgl_kernel", "mcore_rl CPU stand-in for sgl_kernel (see mcore_rl.rollout.cpu_compat)")
+        mod = _StandInModule("sgl_kernel", "mcore_rl CPU stand-in for sgl_kernel (see mcore_rl.rollout.sgl_kernel_stand_in)")
         mod.__file__ = __file__
         mod.__version__ = "0.0.0+mcore_rl_cpu_stand_in"
         mod.assign_req_to_token_pool_cpu = assign_req_to_token_pool_cpu

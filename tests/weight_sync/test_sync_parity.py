@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from tests.trainer.conftest import ROOT, free_port
+from mcore_rl.net import free_port
+from tests.weight_sync.conftest import ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize("mode,tp", [("tensor", 1), ("distributed", 1), ("disk", 1), ("tensor", 2)])
 def test_sync_path_parity(tiny_model, tmp_path, mode, tp):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(tp), "--master_port",
-           str(free_port()), str(ROOT / "tests" / "trainer" / "sync_worker.py"), tiny_model, str(tmp_path), mode,
+           str(free_port()), str(ROOT / "tests" / "weight_sync" / "sync_worker.py"), tiny_model, str(tmp_path), mode,
            str(tp)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env=dict(os.environ, PYTHONUNBUFFERED="1"))

@@ -14,7 +14,7 @@ Megatron modules (`PATCHED_MODULES`) for a proxy that forwards everything to tor
 
 Code outside those modules, ours included, sees the real torch. Type-string checks are fixed by wrapping the
 functions that make them (`TYPE_CHECK_SITES`). `apply()` is idempotent; `PATCHED_MODULES`, `TYPE_CHECK_SITES`
-and the tests in tests/parallel/test_cpu_compat.py say exactly what is covered.
+and the tests in tests/parallel/test_megatron_on_cpu.py say exactly what is covered.
 """
 
 from __future__ import annotations

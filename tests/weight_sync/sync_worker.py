@@ -1,8 +1,8 @@
 """torchrun worker: train the Megatron actor one step, sync it into SGLang by one path, then check parity.
 
-    python -m torch.distributed.run --nproc_per_node N tests/trainer/sync_worker.py MODEL OUT MODE TP
+    python -m torch.distributed.run --nproc_per_node N tests/weight_sync/sync_worker.py MODEL OUT MODE TP
 
-MODE: tensor | distributed | disk. Rank 0 owns the engine. Checks (rank 0), written to OUT/result.json:
+MODE: tensor | distributed | disk (weight_sync.transport). Rank 0 owns the engine. Checks (rank 0), written to OUT/result.json:
   * SGLang's log-probs of its own sampled tokens vs the actor's recomputed ones (max abs diff);
   * SGLang's greedy tokens after the sync vs HF transformers' greedy generate on the actor's exported weights,
     on prompts whose greedy path has no near-tie (top-2 gap > 1e-3 at every step).
@@ -24,12 +24,13 @@ if __name__ == "__main__":
     from mcore_rl.config.optim import OptimConfig
     from mcore_rl.config.parallel import ParallelConfig
     from mcore_rl.config.rollout import RolloutConfig
+    from mcore_rl.config.weight_sync import WeightSyncConfig
     from mcore_rl.engine import TrainEngine
     from mcore_rl.engine.batching import make_micro_batches, unpack
     from mcore_rl.models.arch import load_hf_config
     from mcore_rl.parallel import destroy, initialize
     from mcore_rl.trainer.export import export_final
-    from mcore_rl.trainer.sync import WeightSync
+    from mcore_rl.weight_sync import WeightSync
 
     model, out, mode, tp = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     hf = load_hf_config(model)
@@ -51,7 +52,8 @@ if __name__ == "__main__":
     seqs = [{"input_ids": torch.randint(5, 400, (n,), generator=g), "loss_mask": torch.ones(n)} for n in (9, 14, 6)]
     mbs = make_micro_batches(seqs, 64)
     res = actor.train_step(mbs, lambda o, mb: (-(o["logprobs"] * mb["loss_mask"]).sum() / 26.0, {}))
-    sync = WeightSync(actor.model_chunks, hf, mode, 1 << 16, rollout, os.path.join(out, "scratch"), model)
+    sync = WeightSync(WeightSyncConfig(transport=mode), actor.model_chunks, hf, rollout,
+                      scratch_dir=os.path.join(out, "scratch"), model_path=model, bucket_bytes=1 << 16)
     version = sync.sync()
 
     prompts = [torch.randint(5, 400, (int(n),), generator=g).tolist() for n in (5, 8, 11, 4, 7, 9)]

@@ -1,4 +1,4 @@
-"""Each workaround of mcore_rl.parallel.cpu_compat, in this (CUDA-less) process.
+"""Each workaround of mcore_rl.parallel.megatron_on_cpu, in this (CUDA-less) process.
 
 The workarounds are exercised end to end by the multi-process tests in tests/engine (TP / PP / DP / interleaved
 pipelines, DDP, the distributed optimizer, dist checkpointing); here each one is checked on its own.
@@ -11,24 +11,24 @@ import types
 import pytest
 import torch
 
-from mcore_rl.parallel import cpu_compat
+from mcore_rl.parallel import megatron_on_cpu
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU layer is inactive with CUDA")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def applied():
-    assert cpu_compat.apply() is True
-    assert cpu_compat.apply() is True  # idempotent
+    assert megatron_on_cpu.apply() is True
+    assert megatron_on_cpu.apply() is True  # idempotent
 
 
 def test_patched_modules_see_the_proxy():
     seen = 0
-    for name in cpu_compat.PATCHED_MODULES:
+    for name in megatron_on_cpu.PATCHED_MODULES:
         mod = importlib.import_module(name)
-        assert mod.torch is cpu_compat.TORCH_PROXY, name
+        assert mod.torch is megatron_on_cpu.TORCH_PROXY, name
         seen += 1
-    assert seen == len(cpu_compat.PATCHED_MODULES)
+    assert seen == len(megatron_on_cpu.PATCHED_MODULES)
 
 
 def test_modules_outside_the_list_see_the_real_torch():
@@ -39,18 +39,18 @@ def test_modules_outside_the_list_see_the_real_torch():
 
     for mod in (transformer_layer, transformer_block, logprobs, attention):
         assert mod.torch is torch
-    assert torch.cuda is not cpu_compat.CPU_CUDA
-    assert torch.zeros is not cpu_compat.TORCH_PROXY.zeros
+    assert torch.cuda is not megatron_on_cpu.CPU_CUDA
+    assert torch.zeros is not megatron_on_cpu.TORCH_PROXY.zeros
 
 
 def test_proxy_forwards_everything_else():
-    assert cpu_compat.TORCH_PROXY.float32 is torch.float32
-    assert cpu_compat.TORCH_PROXY.nn is torch.nn
-    assert cpu_compat.TORCH_PROXY.cat is torch.cat
+    assert megatron_on_cpu.TORCH_PROXY.float32 is torch.float32
+    assert megatron_on_cpu.TORCH_PROXY.nn is torch.nn
+    assert megatron_on_cpu.TORCH_PROXY.cat is torch.cat
 
 
 def test_cuda_stand_ins():
-    cuda = cpu_compat.CPU_CUDA
+    cuda = megatron_on_cpu.CPU_CUDA
     assert cuda.is_available() is False and cuda.device_count() == 0
     assert cuda.current_device() == "cpu"
     assert cuda.synchronize() is None and cuda.set_device(0) is None and cuda.empty_cache() is None
@@ -73,12 +73,12 @@ def test_cuda_stand_ins():
 @pytest.mark.parametrize("device", ["cuda", "cuda:0", 0, torch.device("cuda"), torch.device("cuda", 1)])
 @pytest.mark.parametrize("factory", ["zeros", "ones", "empty"])
 def test_factories_map_cuda_to_cpu(factory, device):
-    t = getattr(cpu_compat.TORCH_PROXY, factory)(2, 3, device=device)
+    t = getattr(megatron_on_cpu.TORCH_PROXY, factory)(2, 3, device=device)
     assert t.device == torch.device("cpu") and t.shape == (2, 3)
 
 
 def test_other_factories_and_devices():
-    p = cpu_compat.TORCH_PROXY
+    p = megatron_on_cpu.TORCH_PROXY
     assert p.tensor([1, 2], device="cuda").device.type == "cpu"
     assert p.full((2,), 3.0, device=torch.device("cuda")).tolist() == [3.0, 3.0]
     assert p.arange(3, device="cuda").tolist() == [0, 1, 2]
@@ -88,7 +88,7 @@ def test_other_factories_and_devices():
 
 
 def test_rng_routes_to_the_cpu_generator():
-    cuda = cpu_compat.CPU_CUDA
+    cuda = megatron_on_cpu.CPU_CUDA
     cuda.manual_seed(5)
     a = torch.rand(3)
     cuda.manual_seed(5)
@@ -128,7 +128,7 @@ def test_rng_tracker_forks_and_restores_the_cpu_generator():
 
 
 def test_type_names_inside_the_listed_functions_only():
-    with cpu_compat._cuda_type_names(cpu_compat.CUDA_TYPE_NAMES):
+    with megatron_on_cpu._cuda_type_names(megatron_on_cpu.CUDA_TYPE_NAMES):
         assert torch.zeros(1).type() == "torch.cuda.FloatTensor"
         assert torch.zeros(1, dtype=torch.bfloat16).type() == "torch.cuda.BFloat16Tensor"
         assert torch.zeros(1, dtype=torch.float16).type() == "torch.cuda.HalfTensor"
@@ -137,7 +137,7 @@ def test_type_names_inside_the_listed_functions_only():
     assert torch.zeros(1).type() == "torch.FloatTensor"
 
 
-@pytest.mark.parametrize("site", cpu_compat.TYPE_CHECK_SITES + cpu_compat.TENSOR_CUDA_SITES,
+@pytest.mark.parametrize("site", megatron_on_cpu.TYPE_CHECK_SITES + megatron_on_cpu.TENSOR_CUDA_SITES,
                          ids=lambda s: f"{s[1] or s[0].rsplit('.', 1)[1]}.{s[2]}")
 def test_every_listed_site_is_wrapped(site):
     module, owner, attr = site
@@ -161,10 +161,10 @@ def test_wrapping_keeps_classmethods_and_does_not_stack():
     sys.modules[mod.__name__] = mod
     try:
         sites = ((mod.__name__, "Owner", "make"), (mod.__name__, "Owner", "plain"))
-        context = lambda: cpu_compat._cuda_type_names(cpu_compat.CUDA_TYPE_NAMES)  # noqa: E731
-        cpu_compat._wrap_sites(sites, context)
+        context = lambda: megatron_on_cpu._cuda_type_names(megatron_on_cpu.CUDA_TYPE_NAMES)  # noqa: E731
+        megatron_on_cpu._wrap_sites(sites, context)
         first = Owner.__dict__["plain"]
-        cpu_compat._wrap_sites(sites, context)
+        megatron_on_cpu._wrap_sites(sites, context)
         assert Owner.__dict__["plain"] is first  # applying twice does not wrap twice
         assert isinstance(Owner.__dict__["make"], classmethod)
         assert Owner.make(torch.zeros(1)) == (Owner, "torch.cuda.FloatTensor")
@@ -184,7 +184,7 @@ def test_clip_grads_accepts_cpu_fp32_grads():
 
 def test_tensor_cuda_is_identity_inside_the_listed_functions_only():
     t = torch.zeros(2)
-    with cpu_compat._tensor_cuda_is_identity():
+    with megatron_on_cpu._tensor_cuda_is_identity():
         assert t.cuda() is t
     with pytest.raises((AssertionError, RuntimeError)):
         t.cuda()
@@ -192,4 +192,4 @@ def test_tensor_cuda_is_identity_inside_the_listed_functions_only():
 
 def test_apply_is_a_no_op_when_cuda_is_available(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert cpu_compat.apply() is False
+    assert megatron_on_cpu.apply() is False

@@ -1,7 +1,7 @@
 """Worker (one process, world size 1): the same perturbed Megatron actor synced into real SGLang in the engine
 layout and in the HF layout must leave bit-identical engine parameters.
 
-    python tests/rollout/sync_layout_worker.py OUT MODEL [MODEL ...]
+    python tests/weight_sync/sync_layout_worker.py OUT MODEL [MODEL ...]
 
 Per model: start an engine on the checkpoint, read its parameters back (S0); check that a bucket with an HF name
 in the engine layout is refused before it reaches SGLang; perturb every actor parameter; sync (engine layout,
@@ -29,11 +29,12 @@ def check_model(model: str, scratch: str) -> dict:
     from mcore_rl.config.model import ModelConfig
     from mcore_rl.config.parallel import ParallelConfig
     from mcore_rl.config.rollout import RolloutConfig
+    from mcore_rl.config.weight_sync import WeightSyncConfig
     from mcore_rl.engine import TrainEngine
     from mcore_rl.models.arch import load_hf_config
     from mcore_rl.parallel import initialize
     from mcore_rl.rollout.engine import RolloutEngine
-    from mcore_rl.trainer.sync import WeightSync
+    from mcore_rl.weight_sync import WeightSync
 
     hf = load_hf_config(model)
     parallel = ParallelConfig()
@@ -47,11 +48,12 @@ def check_model(model: str, scratch: str) -> dict:
     else:
         where = dict(device="cpu", max_total_tokens=1024)
     rollout = RolloutEngine(RolloutConfig(dtype="fp32", show_progress=False, log_level="error", **where), model)
+    weights = rollout.weights
     try:
-        s0 = rollout.save_parameters()
+        s0 = weights.save_parameters()
         try:  # an HF name in the engine layout: refused here, the engine stays up
-            with rollout.weight_update():
-                rollout.update_bucket([("model.layers.0.self_attn.q_proj.weight", torch.zeros(64, 64))],
+            with weights.weight_update():
+                weights.update_bucket([("model.layers.0.self_attn.q_proj.weight", torch.zeros(64, 64))],
                                       layout="engine")
         except ValueError as e:
             out["bad_name_error"] = str(e)
@@ -62,43 +64,47 @@ def check_model(model: str, scratch: str) -> dict:
             for chunk in actor.model_chunks:
                 for p in chunk.parameters():
                     p.add_(torch.randn(p.shape, generator=g).to(p.device, p.dtype) * 0.02)
-        engine_sync = WeightSync(actor.model_chunks, hf, "tensor", 1 << 16, rollout, scratch, model, layout="engine")
+
+        def weight_sync(layout: str) -> WeightSync:
+            return WeightSync(WeightSyncConfig(layout=layout), actor.model_chunks, hf, rollout, scratch_dir=scratch,
+                              model_path=model, bucket_bytes=1 << 16)
+
+        engine_sync = weight_sync("engine")
         engine_sync.sync()
-        e = rollout.save_parameters()
-        rollout.update_weights_from_disk(model)
-        reloaded = rollout.save_parameters()
-        hf_sync = WeightSync(actor.model_chunks, hf, "tensor", 1 << 16, rollout, scratch, model, layout="hf")
+        e = weights.save_parameters()
+        weights.update_weights_from_disk(model)
+        reloaded = weights.save_parameters()
+        hf_sync = weight_sync("hf")
         hf_sync.sync()
-        h = rollout.save_parameters()
-        rollout.update_weights_from_disk(model)  # engine layout again, as separate tensors (load_format="direct")
-        with rollout.weight_update():
+        h = weights.save_parameters()
+        weights.update_weights_from_disk(model)  # engine layout again, as separate tensors (load_format="direct")
+        with weights.weight_update():
             for bucket in engine_sync.exporter:
-                rollout.update_bucket([(n, t.clone()) for n, t in bucket], layout="engine")
-        d = rollout.save_parameters()
+                weights.update_bucket([(n, t.clone()) for n, t in bucket], layout="engine")
+        d = weights.save_parameters()
         version = rollout.weight_version
 
         # Shared layout: the engine holds the actor's own parameters and copies them on each sync.
-        rollout.update_weights_from_disk(model)
-        shared_sync = WeightSync(actor.model_chunks, hf, "tensor", 1 << 16, rollout, scratch, model,
-                                 layout="shared")
+        weights.update_weights_from_disk(model)
+        shared_sync = weight_sync("shared")
         shared_sync.sync()
-        s1 = rollout.save_parameters()
-        token = rollout._shared_token
+        s1 = weights.save_parameters()
+        token = weights.shared_token
         with torch.no_grad():  # in place, as optimizer steps write: seen without handing anything over again
             for chunk in actor.model_chunks:
                 for p in chunk.parameters():
                     p.mul_(1.5)
         shared_sync.sync()
-        s2 = rollout.save_parameters()
-        same_token = rollout._shared_token == token
+        s2 = weights.save_parameters()
+        same_token = weights.shared_token == token
         engine_sync.sync()
-        e2 = rollout.save_parameters()
+        e2 = weights.save_parameters()
         norm = actor.model_chunks[0].decoder.final_layernorm.weight  # moved storage: handed over again
         norm.data = norm.data.clone() + 0.25
         shared_sync.sync()
-        s3 = rollout.save_parameters()
+        s3 = weights.save_parameters()
         engine_sync.sync()
-        e3 = rollout.save_parameters()
+        e3 = weights.save_parameters()
         # The cache flush: a prompt's KV cached under the old weights must not serve generation after a sync.
         # The shared layout flushes within its copy call; a sync without a flush (control) must show the stale
         # cache, or this check could not fail.
@@ -121,17 +127,17 @@ def check_model(model: str, scratch: str) -> dict:
         rollout.flush_cache()
         fresh = first_logprobs()
         scale_actor(1.1)
-        with rollout.weight_update(flush_cache=False):
+        with weights.weight_update(flush_cache=False):
             for bucket in engine_sync.exporter:
-                rollout.update_bucket(list(bucket), layout="engine")
+                weights.update_bucket(list(bucket), layout="engine")
         stale = first_logprobs()
         rollout.flush_cache()
         fresh2 = first_logprobs()
-        rollout.update_weights_from_disk(model)  # a reload after the copy plan was compiled: still lands
+        weights.update_weights_from_disk(model)  # a reload after the copy plan was compiled: still lands
         shared_sync.sync()
-        s4 = rollout.save_parameters()
+        s4 = weights.save_parameters()
         engine_sync.sync()
-        e4 = rollout.save_parameters()
+        e4 = weights.save_parameters()
         out.update(
             shared_after_reload_equals_engine=[n for n in s4 if not torch.equal(s4[n], e4[n])] == [],
             flush_with_shared_sync=after_sync == fresh,
@@ -142,7 +148,7 @@ def check_model(model: str, scratch: str) -> dict:
             shared_changed=[n for n in s2 if torch.equal(s2[n], s1[n])],
             shared_same_token=same_token,
             shared_after_move_equals_engine=[n for n in s3 if not torch.equal(s3[n], e3[n])] == [],
-            shared_moved_token_changed=rollout._shared_token != token,
+            shared_moved_token_changed=weights.shared_token != token,
             shared_norm_moved=not torch.equal(s3["model.norm.weight"], s2["model.norm.weight"]),
         )
         out.update(

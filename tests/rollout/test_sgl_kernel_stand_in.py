@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from mcore_rl.rollout import cpu_compat
+from mcore_rl.rollout import sgl_kernel_stand_in
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the stand-in is for machines without CUDA")
 
@@ -36,14 +36,14 @@ def test_assign_req_to_token_pool_matches_loop(seed):
     table = torch.randint(-5, 0, (num_reqs, pool_len), generator=g, dtype=torch.int32)
     expected = table.clone()
     naive_assign(req_pool_indices, expected, start, end, out_cache_loc)
-    cpu_compat.assign_req_to_token_pool_cpu(req_pool_indices, table, start, end, out_cache_loc, pool_len)
+    sgl_kernel_stand_in.assign_req_to_token_pool_cpu(req_pool_indices, table, start, end, out_cache_loc, pool_len)
     assert torch.equal(table, expected)
 
 
 def test_assign_req_to_token_pool_empty_batch():
     table = torch.zeros(2, 4, dtype=torch.int32)
     empty = torch.zeros(0, dtype=torch.int64)
-    cpu_compat.assign_req_to_token_pool_cpu(empty, table, empty, empty, empty, 4)
+    sgl_kernel_stand_in.assign_req_to_token_pool_cpu(empty, table, empty, empty, empty, 4)
     assert not table.any()
 
 
@@ -66,13 +66,13 @@ def test_copy_all_layer_kv_cache_matches_loop(overlap):
             b[int(t)] = row
     ptrs = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.uint64)
     strides = torch.tensor([b[0].numel() * b.element_size() for b in buffers])
-    cpu_compat.copy_all_layer_kv_cache_cpu(ptrs, strides, tgt, src)
+    sgl_kernel_stand_in.copy_all_layer_kv_cache_cpu(ptrs, strides, tgt, src)
     for got, want in zip(buffers, expected):
         assert torch.equal(got, want)
 
 
 def test_other_names_raise_not_implemented_when_called():
-    mod = cpu_compat.stand_in_module()
+    mod = sgl_kernel_stand_in.stand_in_module()
     for name in ("verify_tree_greedy_cpu", "some_future_kernel"):
         fn = getattr(mod, name)
         with pytest.raises(NotImplementedError, match=f"sgl_kernel.{name} is not provided by mcore_rl's CPU stand-in"):
@@ -82,12 +82,12 @@ def test_other_names_raise_not_implemented_when_called():
 
 
 def test_install_registers_module_and_path():
-    assert cpu_compat.needed()
-    assert cpu_compat.install()
+    assert sgl_kernel_stand_in.needed()
+    assert sgl_kernel_stand_in.install()
     import sgl_kernel
 
-    assert sgl_kernel is cpu_compat.stand_in_module()
-    assert cpu_compat.STUB_DIR in sys.path
+    assert sgl_kernel is sgl_kernel_stand_in.stand_in_module()
+    assert sgl_kernel_stand_in.STUB_DIR in sys.path
     import os
 
     assert os.environ["SGLANG_USE_CPU_ENGINE"] == "1"
@@ -101,19 +101,19 @@ def _child_reports(queue):
 
 def test_stand_in_reaches_spawned_children():
     """SGLang starts its scheduler with the spawn method: a fresh interpreter that only inherits sys.path."""
-    cpu_compat.install()
+    sgl_kernel_stand_in.install()
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     proc = ctx.Process(target=_child_reports, args=(queue,))
     proc.start()
     report = queue.get(timeout=120)
     proc.join(timeout=60)
-    assert report == ("_StandInModule", "mcore_rl.rollout.cpu_compat")
+    assert report == ("_StandInModule", "mcore_rl.rollout.sgl_kernel_stand_in")
 
 
 def test_child_env_reaches_subprocesses():
     code = ("import sgl_kernel, os; "
             "print(sgl_kernel.copy_all_layer_kv_cache_cpu.__module__, os.environ['SGLANG_USE_CPU_ENGINE'])")
-    out = subprocess.run([sys.executable, "-c", code], env=cpu_compat.child_env(), capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", code], env=sgl_kernel_stand_in.child_env(), capture_output=True, text=True,
                          timeout=120, check=True)
-    assert out.stdout.split() == ["mcore_rl.rollout.cpu_compat", "1"]
+    assert out.stdout.split() == ["mcore_rl.rollout.sgl_kernel_stand_in", "1"]

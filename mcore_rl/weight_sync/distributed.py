@@ -1,48 +1,25 @@
-"""Trainer-side helpers for weight syncs that do not go through in-process shared tensors.
-
-`DistributedWeightSender` (disaggregated training/rollout): the trainer rank that holds the full HF tensors and
-the engine's ranks form one process group; each bucket is broadcast from the trainer (gloo on CPU, NCCL on GPU)
-while the engine receives it. The engine side blocks until the trainer side acts and vice versa, so both are
-driven from here: the engine call is started in the background, the trainer's collective runs, then both are
-awaited, with engine death and timeouts turned into RolloutEngineError. Nothing here imports Megatron.
+"""Broadcast sync (weight_sync.transport=distributed; disaggregated training and rollout): the trainer rank that
+holds the full HF tensors and the engine's ranks form one process group; each bucket is broadcast from the trainer
+(gloo on CPU, NCCL on GPU) while the engine receives it. The engine side blocks until the trainer side acts and
+vice versa, so both are driven from here: the engine call is started in the background, the trainer's collective
+runs, then both are awaited, with engine death and timeouts turned into RolloutEngineError. No Megatron here.
 
     with DistributedWeightSender(engine, master_address=my_ip) as sender:   # connect() ... close()
-        sender.sync(bridge.hf_buckets())        # begin, broadcast every bucket, end: one flush, version + 1
-
-`serialize_for_http` prepares tensors for a server's /update_weights_from_tensor (same host).
+        sender.sync(buckets)        # begin, broadcast every bucket, end: one flush, version + 1
 """
 
 from __future__ import annotations
 
 import datetime
 import time
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable
 
-from mcore_rl.rollout import cpu_compat
+from mcore_rl.net import free_port
+from mcore_rl.rollout import sgl_kernel_stand_in
 from mcore_rl.rollout.backend import POLL_S
 from mcore_rl.rollout.errors import RolloutEngineError
-
-if TYPE_CHECKING:
-    from mcore_rl.rollout.engine import NamedTensors, PendingCall, RolloutEngine
-
-
-def serialize_for_http(named_tensors) -> str:
-    """SGLang's serialised form of [(name, tensor), ...] as a string, for POST /update_weights_from_tensor.
-
-    CPU tensors must be shared through named files ("file_system" strategy): with torch's default
-    file-descriptor sharing the server dies with an AuthenticationError (it cannot reach our fd server). The
-    strategy is switched only around this call."""
-    import torch.multiprocessing as tmp
-
-    cpu_compat.install()
-    from sglang.srt.utils import MultiprocessingSerializer
-
-    previous = tmp.get_sharing_strategy()
-    tmp.set_sharing_strategy("file_system")
-    try:
-        return MultiprocessingSerializer.serialize(list(named_tensors), output_str=True)
-    finally:
-        tmp.set_sharing_strategy(previous)
+from mcore_rl.weight_sync.receiver import NamedTensors, PendingCall
+from mcore_rl.weight_sync.tensor import push_buckets
 
 
 class DistributedWeightSender:
@@ -52,12 +29,14 @@ class DistributedWeightSender:
     group's rendezvous store); master_port None picks a free port. backend None: NCCL when CUDA is available,
     else gloo. Buckets are broadcast from the device they are on (NCCL: move them to this rank's GPU first)."""
 
-    def __init__(self, engine: RolloutEngine, master_address: str = "127.0.0.1", master_port: int | None = None,
+    def __init__(self, engine, master_address: str = "127.0.0.1", master_port: int | None = None,
                  backend: str | None = None, group_name: str = "mcore_rl_weight_sync",
                  timeout_s: float | None = None):
+        """engine: the RolloutEngine."""
         import torch
 
         self.engine = engine
+        self.weights = engine.weights
         self.master_address = master_address
         self.master_port = master_port
         self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -71,15 +50,13 @@ class DistributedWeightSender:
         """Form the group: the engine's ranks join in the background while this rank creates rank 0."""
         if self._group is not None:
             return
-        cpu_compat.install()
+        sgl_kernel_stand_in.install()
         from sglang.srt.utils import init_custom_process_group
-
-        from mcore_rl.rollout.server import free_port
 
         port = self.master_port or free_port(self.master_address)
         world_size = 1 + self.engine.num_ranks
-        pending = self.engine.init_weights_update_group(self.master_address, port, 1, world_size, self.group_name,
-                                                        self.backend)
+        pending = self.weights.init_weights_update_group(self.master_address, port, 1, world_size, self.group_name,
+                                                         self.backend)
         from mcore_rl.rollout.launch_env import without_torchrun_env
 
         try:
@@ -103,7 +80,7 @@ class DistributedWeightSender:
 
         try:
             if self.engine.alive:
-                self.engine.destroy_weights_update_group(self.group_name)
+                self.weights.destroy_weights_update_group(self.group_name)
         finally:
             dist.destroy_process_group(group)
 
@@ -116,15 +93,15 @@ class DistributedWeightSender:
 
     # -- sending ----------------------------------------------------------------------------------------------
     def sync(self, buckets: Iterable[NamedTensors]) -> int:
-        """One complete sync: open it, broadcast every bucket, close it (flush, weight_version + 1). Returns the
-        new weight_version. `buckets` may be a generator, so the bridge can build each bucket just in time."""
-        with self.engine.weight_update():
+        """One complete sync: open it, broadcast every bucket, close it (flush, version + 1). Returns the new
+        version. `buckets` may be a generator, so the bridge can build each bucket just in time."""
+        with self.weights.weight_update():
             for bucket in buckets:
                 self.send_bucket(bucket)
-        return self.engine.weight_version
+        return self.weights.version
 
     def send_bucket(self, named_tensors: NamedTensors) -> None:
-        """Broadcast one bucket inside an open sync (engine.weight_update() or begin_update())."""
+        """Broadcast one bucket inside an open sync (engine.weights.weight_update() or begin_update())."""
         import torch.distributed as dist
 
         if self._group is None:
@@ -136,7 +113,7 @@ class DistributedWeightSender:
         names = [name for name, _ in named_tensors]
         dtypes = [str(t.dtype).removeprefix("torch.") for _, t in named_tensors]
         shapes = [list(t.shape) for _, t in named_tensors]
-        pending = self.engine.update_weights_from_distributed(names, dtypes, shapes, self.group_name)
+        pending = self.weights.update_weights_from_distributed(names, dtypes, shapes, self.group_name)
         try:
             works = [dist.broadcast(t, group=self._group, group_src=0, async_op=True) for _, t in named_tensors]
             self._wait_broadcasts(works, pending)
@@ -161,3 +138,27 @@ class DistributedWeightSender:
             time.sleep(POLL_S / 4)
         for w in works:
             w.wait()
+
+
+class BroadcastSender:
+    """The broadcast transport for the trainer: every rank iterates the exporter (destination 0, HF layout); rank 0
+    (engine: its RolloutEngine; None elsewhere) forms the group with the engine at the first push and broadcasts
+    each bucket it receives."""
+
+    def __init__(self, exporter, engine):
+        self.exporter, self.engine = exporter, engine
+        self._sender: DistributedWeightSender | None = None
+
+    def push(self) -> tuple[int, int]:
+        """(version, bytes) of one complete sync; collective."""
+        if self.engine is not None and self._sender is None:
+            self._sender = DistributedWeightSender(self.engine)
+            self._sender.connect()
+        receiver = None if self.engine is None else self.engine.weights
+        send = None if self._sender is None else (lambda named, layout: self._sender.send_bucket(named))
+        return push_buckets(self.exporter, receiver, send)
+
+    def close(self) -> None:
+        if self._sender is not None:
+            self._sender.close()
+            self._sender = None

@@ -1,0 +1,221 @@
+"""Everything a run holds, set up once and torn down once: parallel state, the actor / reference / critic engines,
+the tasks, the rollout engine and its rewards, the weight sync, metrics, checkpoints. The loop (loop.py) uses it.
+
+    run = Run(cfg)            # every torchrun process; rank 0 also owns the SGLang engine and the rewards
+    run.sync_weights(step)    # actor -> engine, checked against the engine's count
+    run.save(step, state)     # atomic run checkpoint (engines, RNG, state.json)
+    run.close()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from mcore_rl.config.root import RLConfig
+from mcore_rl.trainer import checkpoint as ckpt
+from mcore_rl.trainer.metrics import MetricsLogger
+from mcore_rl.trainer.rl_step import StepContext
+from mcore_rl.trainer.tasks import build_tasks
+
+log = logging.getLogger("mcore_rl")
+
+
+class Run:
+    def __init__(self, cfg: RLConfig):
+        from megatron.core import parallel_state as ps
+
+        from mcore_rl.weight_sync import WeightSync
+
+        self.cfg = cfg
+        self.hf, self.model_path, tokenizer, layout = setup(cfg)
+        specs = cfg.task_specs()
+        use_ref = cfg.ref.enabled and (
+            any(not s.is_rl for s in specs) or cfg.actor.kl_loss_coef > 0 or cfg.multitask.kl_target is not None
+            or any(s.is_rl and s.algorithm.kl_in_reward and s.algorithm.kl_coef > 0 for s in specs))
+        ctx = StepContext(None, None, None, tokenizer, ps.get_data_parallel_group(), ps.get_data_parallel_rank(),
+                          ps.get_data_parallel_world_size(), score_temperature(cfg))
+        self.ctx = ctx
+        self.tasks = build_tasks(cfg, ctx, tokenizer, use_ref=use_ref)  # datasets first: a bad row fails before the engines load
+        rl_tasks = [t for t in self.tasks if t.spec.is_rl]
+        steps = cfg.trainer.total_steps
+        actor_mini = 1 if cfg.multi_task else self.tasks[0].num_mini_batches
+        ctx.actor, ctx.ref, ctx.critic = build_engines(
+            cfg, self.hf, self.model_path, use_ref=use_ref, use_critic=cfg.critic.enabled,
+            actor_updates=steps * actor_mini * cfg.actor.ppo_epochs,
+            critic_updates=steps * cfg.critic.ppo_epochs * sum(t.num_mini_batches for t in rl_tasks))
+        self.actor, self.ref, self.critic = ctx.actor, ctx.ref, ctx.critic
+
+        self.start_step = 0
+        self.resume_state: dict | None = None
+        resume_from = ckpt.find_resume(cfg.trainer.output_dir, cfg.trainer.resume)
+        if resume_from is not None:
+            self.resume_state = self._load(resume_from)
+            self.start_step = int(self.resume_state["step"])
+            log.info("resumed from %s at step %d", resume_from, self.start_step)
+
+        self.rollout = None
+        self.sync = None
+        self.expected_syncs = 0
+        if rl_tasks:
+            if dist.get_rank() == 0:
+                from mcore_rl.rewards.manager import RewardManager
+                from mcore_rl.rollout.engine import RolloutEngine
+
+                self.rollout = RolloutEngine(cfg.rollout, self.model_path,
+                                             weight_loaders=cfg.weight_sync.engine_loaders)
+                for task in rl_tasks:
+                    task.rewards = RewardManager(task.spec.reward)
+            self.sync = WeightSync(cfg.weight_sync, self.actor.model_chunks, self.hf, self.rollout,
+                                   scratch_dir=os.path.join(cfg.trainer.output_dir, "scratch"),
+                                   model_path=self.model_path)
+            if self.start_step > 0:  # the engine starts from the HF weights; give it the actor's
+                self.expected_syncs = self.sync.sync()
+                if self.rollout is not None:
+                    self.rollout.policy_version = self.start_step
+        self.metrics_log = MetricsLogger(cfg.trainer.output_dir, dist.get_rank() == 0, cfg.logger.tensorboard,
+                                         wandb_settings(cfg) if cfg.logger.wandb else None,
+                                         resume_step=self.start_step)
+        if dist.get_rank() == 0:
+            log.info("layout: world %d = tp %d x pp %d x dp %d (%s); model %s", layout.world_size, layout.tp,
+                     layout.pp, layout.dp, layout.backend, self.model_path)
+            if cfg.multi_task:
+                log.info("tasks: %s; combine %s, weighting %s", ", ".join(
+                    f"{t.name} ({t.spec.kind}, w {t.spec.weight})" for t in self.tasks), cfg.multitask.combine,
+                    cfg.multitask.weighting)
+
+    # -- weight sync -------------------------------------------------------------------------------------------
+
+    def sync_weights(self, step: int) -> dict[str, float]:
+        """Push the actor's weights to the engine and check that the engine counted the sync."""
+        if self.sync is None:
+            return {}
+        t0 = time.perf_counter()
+        engine_syncs = self.sync.sync()
+        m = {"timing/weight_sync_s": time.perf_counter() - t0}
+        if dist.get_rank() != 0:
+            return m
+        # The engine counts the syncs it completed since it started; the weights it now holds are the actor's
+        # after this step's update, whatever the run's history (resumed or not).
+        if engine_syncs != self.expected_syncs + 1:
+            raise RuntimeError(f"rollout engine reports {engine_syncs} weight syncs, expected "
+                               f"{self.expected_syncs + 1}: a sync was lost")
+        self.expected_syncs = engine_syncs
+        self.rollout.policy_version = step
+        m["rollout/engine_syncs"] = float(engine_syncs)
+        m["rollout/weight_version"] = float(step)
+        m["weight_sync/gb_per_s"] = self.sync.last_bytes / 1e9 / max(m["timing/weight_sync_s"], 1e-9)
+        return m
+
+    # -- checkpoints -------------------------------------------------------------------------------------------
+
+    def save(self, step: int, state: dict) -> None:
+        """Engines, this rank's RNG and state.json (step, `state`, the config), committed atomically."""
+        cfg = self.cfg
+        tmp = ckpt.begin(cfg.trainer.output_dir, step)
+        self.actor.save_checkpoint(tmp / "actor")
+        if self.critic is not None:
+            self.critic.save_checkpoint(tmp / "critic")
+        ckpt.write_rank_state(tmp)
+        state = {"step": step, **state, "config": dataclasses.asdict(cfg)}
+        final = ckpt.commit(cfg.trainer.output_dir, step, tmp, state, cfg.trainer.keep_last)
+        log.info("saved checkpoint %s", final)
+
+    def _load(self, path) -> dict:
+        state = ckpt.read_state(path)
+        saved = state.get("tasks")
+        names = [t.name for t in self.tasks]
+        if saved is None or any(n not in saved for n in names):
+            raise ValueError(f"the checkpoint {path} has no data position for tasks "
+                             f"{[n for n in names if saved is None or n not in saved]} (it has "
+                             f"{sorted(saved or [])}): resume with the tasks it was saved with")
+        self.actor.load_checkpoint(path / "actor")
+        if self.critic is not None:
+            self.critic.load_checkpoint(path / "critic")
+        ckpt.set_rng_state(ckpt.read_rank_state(path)["rng"])
+        for task in self.tasks:
+            task.load_state_dict(saved[task.name])
+        return state
+
+    def export_hf(self) -> None:
+        from mcore_rl.trainer.export import export_final
+
+        path = export_final(self.actor.model_chunks, self.hf, self.model_path,
+                            os.path.join(self.cfg.trainer.output_dir, "hf"))
+        log.info("exported the actor as an HF checkpoint: %s", path)
+
+    def close(self) -> None:
+        from mcore_rl.parallel import destroy
+
+        self.metrics_log.close()
+        if self.sync is not None:
+            self.sync.close()
+        if self.rollout is not None:
+            self.rollout.shutdown()
+        for task in self.tasks:
+            if task.rewards is not None:
+                task.rewards.close()
+        destroy()
+
+
+def setup(cfg: RLConfig):
+    """Logging, model path, parallel state, tokenizer. Returns (hf config, model path, tokenizer, layout)."""
+    from transformers import AutoTokenizer
+
+    from mcore_rl.models.arch import load_hf_config
+    from mcore_rl.models.smollm2 import resolve_model_path
+    from mcore_rl.parallel import initialize
+
+    rank0 = int(os.environ.get("RANK", 0)) == 0
+    # Our own handler: SGLang reconfigures the root logger (to its log_level) when its engine starts, which
+    # would silence the per-step summary line.
+    log.setLevel(logging.INFO if rank0 else logging.WARNING)
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s mcore_rl: %(message)s", datefmt="%H:%M:%S"))
+        log.addHandler(handler)
+        log.propagate = False
+    model_path = resolve_model_path(cfg.model.path)  # safe to call from every rank at once (file lock)
+    hf = load_hf_config(model_path)
+    layout = initialize(cfg.parallel, hf)
+    if cfg.trainer.deterministic:
+        torch.use_deterministic_algorithms(True)
+    return hf, model_path, AutoTokenizer.from_pretrained(model_path), layout
+
+
+def build_engines(cfg: RLConfig, hf, model_path, *, actor_updates: int, critic_updates: int, use_ref: bool,
+                  use_critic: bool):
+    """The actor (trained), the frozen reference and the critic, all loaded from the HF checkpoint. The
+    optimizers' decay runs to the end of the run unless actor / critic.lr_decay_steps say otherwise."""
+    from mcore_rl.bridge import load_hf_weights
+    from mcore_rl.engine import TrainEngine
+
+    actor_optim = dataclasses.replace(cfg.actor, lr_decay_steps=cfg.actor.lr_decay_steps or actor_updates)
+    actor = TrainEngine(hf, cfg.model, cfg.parallel, actor_optim)
+    load_hf_weights(actor.model_chunks, model_path, hf)
+    actor.reload_master_weights()  # the optimizer's fp32 master copies were taken before the weights arrived
+    ref = critic = None
+    if use_ref:
+        ref = TrainEngine(hf, cfg.model, cfg.parallel, None)
+        load_hf_weights(ref.model_chunks, model_path, hf)
+    if use_critic:
+        critic_optim = dataclasses.replace(cfg.critic, lr_decay_steps=cfg.critic.lr_decay_steps or critic_updates)
+        critic = TrainEngine(hf, cfg.model, cfg.parallel, critic_optim, value_head=True)
+        load_hf_weights(critic.model_chunks, model_path, hf, critic=True)  # starts from the actor's weights
+        critic.reload_master_weights()
+    return actor, ref, critic
+
+
+def score_temperature(cfg: RLConfig) -> float:
+    # The trainer scores tokens under the distribution the engine sampled from: logits / T. Greedy (T = 0)
+    # log-probs are the plain log-softmax, as SGLang reports them.
+    return cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
+
+
+def wandb_settings(cfg: RLConfig) -> dict:
+    return {"project": cfg.logger.wandb_project, "name": cfg.logger.run_name, "config": dataclasses.asdict(cfg)}
