@@ -59,6 +59,12 @@ _ARCH = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}),
+    # Mixture-of-experts: 4 experts, top-2, so expert parallelism of 2 splits them and routing is not trivial.
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                   "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                {"sliding_window": None, "num_local_experts": 4, "num_experts_per_tok": 2}),
 }
 
 SUPPORTED_TINY_ARCHS = tuple(_ARCH)

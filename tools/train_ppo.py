@@ -22,9 +22,15 @@ register()
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg) -> None:
+    from mcore_rl.procs import OutputLockedError
     from mcore_rl.trainer.loop import train
 
-    train(to_object(cfg))
+    try:
+        train(to_object(cfg))
+    except OutputLockedError as e:  # one line from rank 0, not a traceback per rank
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(f"mcore_rl: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

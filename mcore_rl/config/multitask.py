@@ -94,7 +94,8 @@ class TaskConfig:
     """Prompts (rl) or preference pairs (dpo) drawn per step, over all data-parallel ranks."""
     clip_grad: float = 1.0
     """This task's gradient norm is clipped to this before the tasks are combined (0 disables)."""
-    data: TaskDataConfig = field(default_factory=lambda: TaskDataConfig(train_files=["<set tasks[i].data.train_files>"]))
+    data: TaskDataConfig = field(
+        default_factory=lambda: TaskDataConfig(train_files=["<set tasks[i].data.train_files>"]))
     """The task's dataset: prompts (rl) or (prompt, chosen, rejected) rows (dpo)."""
     algorithm: AlgorithmConfig | None = None
     """rl tasks: the whole algorithm config (estimator, samples per prompt, KL in reward, DAPO filters ...), as

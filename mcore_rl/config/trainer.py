@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -28,6 +28,13 @@ class TrainerConfig:
     deterministic: bool = False
     """torch.use_deterministic_algorithms(True): bit-reproducible trainer kernels (the CPU resume tests), at
     some speed; ops without a deterministic version then raise. SGLang's sampling is not covered."""
+    stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM"])
+    """Signals on which the run finishes its current step, saves a checkpoint and exits with status 80
+    (mcore_rl.procs.STOPPED_EXIT_CODE); trainer.resume=auto continues from there. SIGTERM is what SLURM and
+    Kubernetes send before they kill; add SIGUSR1 for a scheduler that warns ahead of the end of a job (and
+    tell torchrun to pass it on: --signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1). The step and the
+    save must fit in torchrun's --shutdown-timeout (default 30 s) and the scheduler's grace period. [] = off
+    (the signal's default action: the run dies, losing the steps since its last checkpoint)."""
 
     def __post_init__(self):
         if self.total_steps < 1:
@@ -36,6 +43,12 @@ class TrainerConfig:
             raise ValueError(f"trainer.prompts_per_step must be >= 1, got {self.prompts_per_step}")
         if self.keep_last < 1:
             raise ValueError(f"trainer.keep_last must be >= 1, got {self.keep_last}")
+        import signal
+
+        for name in self.stop_signals:
+            if name not in signal.Signals.__members__ or name in ("SIGKILL", "SIGSTOP"):
+                raise ValueError(f"trainer.stop_signals: {name!r} is not a signal that can be caught; use names "
+                                 "such as SIGTERM, SIGUSR1, SIGUSR2")
 
 
 @dataclass

@@ -112,6 +112,17 @@ def from_rank0(value):
     return box[0]
 
 
+def any_rank(flag: bool) -> bool:
+    """True on every rank when `flag` is true on any rank (one tiny all-reduce); `flag` without torch.distributed."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return flag
+    backend = dist.get_backend()
+    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
 def barrier() -> None:
     """dist.barrier() when torch.distributed is up; nothing otherwise."""
     if dist.is_initialized():

@@ -29,6 +29,8 @@ from mcore_rl.rollout.errors import RolloutEngineError
 logger = logging.getLogger(__name__)
 
 _SIGQUIT_SEEN = threading.Event()
+_TRAINER_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+"""Signals the trainer may take as stop requests (trainer.stop_signals); SGLang's processes ignore them."""
 
 
 def _on_sigquit(signum=None, frame=None) -> None:
@@ -95,9 +97,16 @@ class InProcessBackend(Backend):
         sgl_kernel_stand_in.install()  # before the first `import sglang`: SGLang reads it at import time
         import sglang
 
+        saved_handlers = {}
         if in_main:
             _SIGQUIT_SEEN.clear()
             args = {**args, "custom_sigquit_handler": _on_sigquit}
+            # SGLang's processes start with these ignored (kept across exec): a scheduler's SIGTERM (torchrun signals
+            # the worker's whole process group) stops the trainer at its next safe point (trainer.stop_signals), not
+            # the engine in the middle of the step the trainer is about to save. The engine's shutdown uses SIGKILL.
+            saved_handlers = {s: signal.getsignal(s) for s in _TRAINER_SIGNALS}
+            for s in _TRAINER_SIGNALS:
+                signal.signal(s, signal.SIG_IGN)
         before, started, expired = _children(), threading.Event(), threading.Event()
         contexts_before = {id(c) for c in _zmq_contexts()}
 
@@ -126,14 +135,19 @@ class InProcessBackend(Backend):
                 "engine settings.") from e
         finally:
             started.set()
+            for s, handler in saved_handlers.items():
+                signal.signal(s, handler)
         self._child_pids = list(self._engine.get_all_child_pids())
         self._zmq_contexts = [c for c in _zmq_contexts() if id(c) not in contexts_before]
-        if in_main:  # the tokenizer manager re-registers SGLang's kill-everything SIGQUIT handler on its loop
-            try:
-                self._engine.loop.remove_signal_handler(signal.SIGQUIT)
-            except (RuntimeError, ValueError):
-                pass
+        if in_main:  # the tokenizer manager re-registers SGLang's kill-everything SIGQUIT handler on its loop,
+            # and a SIGTERM handler that drains and shuts the engine down: ours (or the default) stay in charge
+            for s in (signal.SIGQUIT, signal.SIGTERM):
+                try:
+                    self._engine.loop.remove_signal_handler(s)
+                except (RuntimeError, ValueError):
+                    pass
             signal.signal(signal.SIGQUIT, _on_sigquit)
+            signal.signal(signal.SIGTERM, saved_handlers[signal.SIGTERM])
         atexit.unregister(self._engine.shutdown)
         atexit.register(self.shutdown)
 

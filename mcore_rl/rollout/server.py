@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from mcore_rl.procs import die_with_parent
 from mcore_rl.net import free_port
 from mcore_rl.rollout import sgl_kernel_stand_in
 from mcore_rl.rollout.backend import POLL_S, Backend, check_result, run_in_thread
@@ -69,7 +70,8 @@ class ServerBackend(Backend):
             log.flush()
             # Own session: shutdown can kill the server and everything it spawned, and nothing else.
             self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          env=sgl_kernel_stand_in.child_env(), start_new_session=True)
+                                          env=sgl_kernel_stand_in.child_env(), start_new_session=True,
+                                          preexec_fn=die_with_parent)  # never outlives this worker
         try:
             self._wait_ready(startup_timeout_s, f"start the SGLang server for model_path={args['model_path']!r}")
         except BaseException:

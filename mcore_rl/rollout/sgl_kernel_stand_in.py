@@ -14,6 +14,14 @@ helpers SGLang imports on CPU (`_SPECULATIVE`) exist as names only, and so does 
 raises NotImplementedError naming the function, so an unsupported code path fails loudly instead of silently.
 There is no AMX backend here: `torch.ops.sgl_kernel` stays empty, so SGLang's AMX checks stay False.
 
+Mixture-of-experts models (Qwen3-MoE, Mixtral) need nothing more: SGLang 0.5.17's own torch-native MoE path runs.
+With `cpu_has_amx_support()` False its MultiPlatformOp layers dispatch to `forward_native`, so routing is
+`TopK.forward_native` -> `fused_topk_torch_native` (softmax, top-k, renormalise) and the experts are
+`UnquantizedFusedMoEMethod.forward_native` (= `forward_cpu` without AMX) -> `moe_forward_native` (a loop over
+experts, F.linear + SiluAndMul.forward_native). It is chosen by the platform, not by a server argument
+(`moe_runner_backend` only picks among GPU runners). The AMX branch would call `torch.ops.sgl_kernel`'s
+`fused_experts_cpu` / `topk_softmax_cpu`, which is one more reason to keep that namespace empty.
+
 When it is active: only when CUDA is unavailable and no real `sgl_kernel` is importable (`needed()`); on GPU
 machines the real sglang-kernel is used and nothing here runs.
 

@@ -6,7 +6,7 @@
             log-probs and values -> advantages; dpo: preference pairs -> reference log-probs
         the actor (and critic) update on those batches (update.py)
         the KL monitor may lower the actor's learning rate; the weights go to the rollout engine
-        metrics; checkpoint
+        metrics; checkpoint; on a stop signal (SIGTERM), a checkpoint and exit status 80
 
 A run without a `tasks` list is a run with one task (config/root.py RLConfig.task_specs). Global rank 0 owns the
 rollout engine and the reward functions; the samples are broadcast to every rank, each data-parallel rank
@@ -23,6 +23,8 @@ import torch
 
 from mcore_rl import algorithms as alg
 from mcore_rl.config.root import RLConfig
+from mcore_rl.parallel.runtime import any_rank
+from mcore_rl.procs import STOPPED_EXIT_CODE, StopSignals
 from mcore_rl.trainer.run import Run
 from mcore_rl.trainer.step_data import Skip
 from mcore_rl.trainer.update import train_step
@@ -31,9 +33,15 @@ log = logging.getLogger("mcore_rl")
 
 
 def train(cfg: RLConfig) -> None:
+    stop = StopSignals(cfg.trainer.stop_signals).install()  # before any thread or child process exists
     run = Run(cfg)
     try:
         scheduler, kl_monitor = build_scheduler(cfg, run)
+
+        def save(step: int) -> None:
+            run.save(step, {"tasks": {t.name: t.state_dict() for t in run.tasks}, "scheduler": scheduler.state_dict(),
+                            "kl_monitor": kl_monitor.state_dict() if kl_monitor is not None else None})
+
         for step in range(run.start_step + 1, cfg.trainer.total_steps + 1):
             t_step = time.perf_counter()
             batches, m = collect_batches(run, scheduler, step)
@@ -44,10 +52,15 @@ def train(cfg: RLConfig) -> None:
             m.update(memory_metrics())
             m["timing/step_s"] = time.perf_counter() - t_step
             run.metrics_log.log(step, m)
-            if (cfg.trainer.save_every and step % cfg.trainer.save_every == 0) or step == cfg.trainer.total_steps:
-                run.save(step, {"tasks": {t.name: t.state_dict() for t in run.tasks},
-                                "scheduler": scheduler.state_dict(),
-                                "kl_monitor": kl_monitor.state_dict() if kl_monitor is not None else None})
+            due = (cfg.trainer.save_every and step % cfg.trainer.save_every == 0) or step == cfg.trainer.total_steps
+            if due:
+                save(step)
+            if any_rank(stop.received is not None):  # a step's end is the safe point; every rank agrees on it
+                if not due:
+                    save(step)
+                log.info("stopped by %s after step %d; checkpoint %s; continue with trainer.resume=auto",
+                         stop.received or "a signal on another rank", step, run.last_checkpoint)
+                raise SystemExit(STOPPED_EXIT_CODE)
         if cfg.trainer.export_hf:
             run.export_hf()
     finally:

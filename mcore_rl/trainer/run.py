@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 
 from mcore_rl.config.root import RLConfig
+from mcore_rl.parallel.runtime import from_rank0
+from mcore_rl.procs import OutputLock, OutputLockedError, follow_launcher
 from mcore_rl.trainer import checkpoint as ckpt
 from mcore_rl.trainer.metrics import MetricsLogger
 from mcore_rl.trainer.rl_step import StepContext
@@ -33,7 +35,17 @@ class Run:
         from mcore_rl.weight_sync import WeightSync
 
         self.cfg = cfg
+        follow_launcher()  # this worker and what it starts end when torchrun does, however torchrun ends
         self.hf, self.model_path, tokenizer, layout = setup(cfg)
+        # One run per output folder: rank 0 holds the lock for the run's lifetime; every rank hears the verdict.
+        self.lock = None
+        verdict = None
+        if dist.get_rank() == 0:
+            try:
+                self.lock = OutputLock(cfg.trainer.output_dir, what="training run").acquire()
+            except OutputLockedError as e:
+                verdict = e
+        from_rank0(verdict)
         specs = cfg.task_specs()
         use_ref = cfg.ref.enabled and (
             any(not s.is_rl for s in specs) or cfg.actor.kl_loss_coef > 0 or cfg.multitask.kl_target is not None
@@ -41,7 +53,8 @@ class Run:
         ctx = StepContext(None, None, None, tokenizer, ps.get_data_parallel_group(), ps.get_data_parallel_rank(),
                           ps.get_data_parallel_world_size(), score_temperature(cfg))
         self.ctx = ctx
-        self.tasks = build_tasks(cfg, ctx, tokenizer, use_ref=use_ref)  # datasets first: a bad row fails before the engines load
+        # datasets first: a bad row fails before the engines load
+        self.tasks = build_tasks(cfg, ctx, tokenizer, use_ref=use_ref)
         rl_tasks = [t for t in self.tasks if t.spec.is_rl]
         steps = cfg.trainer.total_steps
         actor_mini = 1 if cfg.multi_task else self.tasks[0].num_mini_batches
@@ -52,6 +65,7 @@ class Run:
         self.actor, self.ref, self.critic = ctx.actor, ctx.ref, ctx.critic
 
         self.start_step = 0
+        self.last_checkpoint = None
         self.resume_state: dict | None = None
         resume_from = ckpt.find_resume(cfg.trainer.output_dir, cfg.trainer.resume)
         if resume_from is not None:
@@ -124,6 +138,7 @@ class Run:
         ckpt.write_rank_state(tmp)
         state = {"step": step, **state, "config": dataclasses.asdict(cfg)}
         final = ckpt.commit(cfg.trainer.output_dir, step, tmp, state, cfg.trainer.keep_last)
+        self.last_checkpoint = final
         log.info("saved checkpoint %s", final)
 
     def _load(self, path) -> dict:
@@ -160,6 +175,8 @@ class Run:
         for task in self.tasks:
             if task.rewards is not None:
                 task.rewards.close()
+        if self.lock is not None:
+            self.lock.release()
         destroy()
 
 

@@ -117,3 +117,24 @@ def test_child_env_reaches_subprocesses():
     out = subprocess.run([sys.executable, "-c", code], env=sgl_kernel_stand_in.child_env(), capture_output=True, text=True,
                          timeout=120, check=True)
     assert out.stdout.split() == ["mcore_rl.rollout.sgl_kernel_stand_in", "1"]
+
+
+def test_sglang_takes_its_torch_native_moe_path():
+    """MoE needs no stand-in op: with no AMX backend (torch.ops.sgl_kernel stays empty, so SGLang's
+    cpu_has_amx_support() is False even on an AMX Xeon) SGLang's MultiPlatformOp layers dispatch to forward_native:
+    TopK -> fused_topk_torch_native, UnquantizedFusedMoEMethod -> moe_forward_native (pure torch). Were the
+    stand-in to register AMX ops, MoE would call sgl_kernel's fused_experts_cpu / topk_softmax_cpu, which it lacks.
+    Parity with HF is tested end to end in test_moe_rollout.py."""
+    code = (
+        "import torch\n"
+        "from sglang.srt.utils.common import cpu_has_amx_support, is_cpu\n"
+        "from sglang.srt.layers.moe.topk import TopK\n"
+        "from sglang.srt.layers.quantization.unquant import UnquantizedFusedMoEMethod as U\n"
+        "t, u = TopK(top_k=2, renormalize=True), U()\n"
+        "print(is_cpu(), cpu_has_amx_support(), t._forward_method.__func__ is TopK.forward_native,\n"
+        "      u._forward_method.__func__ is U.forward_native, U.forward_native is U.forward_cpu)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=sgl_kernel_stand_in.child_env(), capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-5:] == ["True", "False", "True", "True", "True"]
