@@ -1,10 +1,11 @@
-"""Convert between HF checkpoints and Megatron dist checkpoints, at any TP / PP (docs/bridge.md).
+"""Convert between HF checkpoints and Megatron dist checkpoints, at any TP / PP / EP (docs/bridge.md, docs/moe.md).
 
     torchrun --nproc_per_node 4 tools/convert_hf.py to-mcore --hf-dir HF --out CKPT --tp 2 --pp 2
+    torchrun --nproc_per_node 2 tools/convert_hf.py to-mcore --hf-dir MOE_HF --out CKPT --ep 2
     torchrun --nproc_per_node 1 tools/convert_hf.py to-hf --ckpt CKPT --out HF2 [--hf-dir HF] [--dtype bf16]
 
-The number of processes must be a multiple of tp x pp. Outputs are written atomically; an existing output is
-refused unless --overwrite.
+The number of processes must be a multiple of tp x pp (and of tp x ep x pp with --ep). Outputs are written
+atomically; an existing output is refused unless --overwrite.
 """
 
 import argparse
@@ -32,6 +33,8 @@ def parse_args(argv=None):
         p.add_argument("--out", required=True, help="output folder (must not exist unless --overwrite)")
         p.add_argument("--tp", type=int, default=1, help="tensor-parallel size to run the conversion at")
         p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size to run the conversion at")
+        p.add_argument("--ep", type=int, default=1,
+                       help="expert-parallel size to run the conversion at (mixture-of-experts models)")
         p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default=None,
                        help="dtype of the written weights (default: that of the input)")
         p.add_argument("--overwrite", action="store_true", help="replace an existing output")
@@ -43,7 +46,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     from mcore_rl.bridge.convert import hf_to_mcore, mcore_to_hf
 
-    common = dict(tp=args.tp, pp=args.pp, dtype=args.dtype, overwrite=args.overwrite, progress=not args.no_progress)
+    common = dict(tp=args.tp, pp=args.pp, ep=args.ep, dtype=args.dtype, overwrite=args.overwrite,
+                  progress=not args.no_progress)
     try:
         if args.direction == "to-mcore":
             hf_to_mcore(args.hf_dir, args.out, strict=not args.allow_extra, **common)

@@ -2,7 +2,8 @@
 
 A rank holds the entries of its pipeline stage(s): the embedding on the first stage, its decoder layers (found by
 each layer's global `layer_number`, so any pipeline split and virtual stages work), the final norm and output layer
-on the last stage. Chunks may be wrapped (DDP, Float16Module): they are unwrapped through `.module`.
+on the last stage; of a mixture-of-experts layer, only the experts of its expert-parallel rank (the layer's
+`local_expert_indices`). Chunks may be wrapped (DDP, Float16Module): they are unwrapped through `.module`.
 """
 
 from __future__ import annotations
@@ -70,7 +71,14 @@ def bind(chunks: list, hf: dict, *, critic: bool | None = None) -> list[Bound]:
                 if e.layer not in local:
                     continue
                 prefix = f"decoder.layers.{local[e.layer]}."
-            candidates = tuple(prefix + n for n in e.mcore)
+            if e.expert is not None:
+                # Expert parallelism: this rank holds the experts its MoE layer lists, under local indices.
+                held = list(model.decoder.layers[local[e.layer]].mlp.local_expert_indices)
+                if e.expert not in held:
+                    continue
+                candidates = tuple(prefix + n.format(k=held.index(e.expert)) for n in e.mcore)
+            else:
+                candidates = tuple(prefix + n for n in e.mcore)
             name = resolve_name(candidates, params)
             if name is None:
                 raise ValueError(

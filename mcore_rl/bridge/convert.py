@@ -96,7 +96,7 @@ def atomic_output_dir(out: str | os.PathLike, overwrite: bool = False):
             signal.signal(signal.SIGTERM, previous)
 
 
-def _setup(hf: dict, tp: int, pp: int):
+def _setup(hf: dict, tp: int, pp: int, ep: int = 1):
     """Validate the layout against the model and the world, then start torch.distributed + Megatron."""
     from mcore_rl.config.parallel import ParallelConfig
     from mcore_rl.models.arch import resolve_arch
@@ -104,7 +104,7 @@ def _setup(hf: dict, tp: int, pp: int):
     from mcore_rl.parallel import env_world, initialize, validate
 
     resolve_arch(hf)
-    parallel = ParallelConfig(tp=tp, pp=pp)
+    parallel = ParallelConfig(tp=tp, pp=pp, ep=ep)
     validate_layout(hf, parallel)  # the model's constraints first: they say which tp / pp can work at all
     validate(parallel, env_world()[1], hf)
     initialize(parallel, hf)
@@ -135,8 +135,9 @@ def _check_dtype(dtype: str | None) -> None:
 
 def hf_to_mcore(hf_dir: str | os.PathLike, out: str | os.PathLike, tp: int = 1, pp: int = 1,
                 dtype: str | None = None, overwrite: bool = False, strict: bool = True,
-                progress: bool = True) -> Path:
-    """HF folder -> self-describing Megatron dist checkpoint at `out`. Run under torchrun with tp*pp*dp ranks.
+                progress: bool = True, ep: int = 1) -> Path:
+    """HF folder -> self-describing Megatron dist checkpoint at `out`. Run under torchrun with tp*pp*dp ranks
+    (ep: expert parallelism of a mixture-of-experts model; the world must also be a multiple of tp*ep*pp).
 
     dtype: fp32 / bf16 / fp16 of the saved weights (None: the HF weights' dtype). strict: tensors the map does not
     use are an error (else a warning).
@@ -148,7 +149,7 @@ def hf_to_mcore(hf_dir: str | os.PathLike, out: str | os.PathLike, tp: int = 1, 
     resolve_arch(hf)
     check_output(out, overwrite)
     dtype = dtype or hf_dtype(hf_dir)
-    parallel = _setup(hf, tp, pp)
+    parallel = _setup(hf, tp, pp, ep)
     with atomic_output_dir(out, overwrite) as tmp:
         chunks = _build(hf, hf_dir, dtype, parallel)
         load_hf_weights(chunks, hf_dir, hf, strict=strict, progress=progress and _rank() == 0)
@@ -157,7 +158,7 @@ def hf_to_mcore(hf_dir: str | os.PathLike, out: str | os.PathLike, tp: int = 1, 
             (tmp / HF_SUBDIR).mkdir()
             copy_side_files(hf_dir, tmp / HF_SUBDIR)
             meta = {"format": FORMAT, "architecture": resolve_arch(hf).hf_class, "dtype": dtype,
-                    "saved_tp": tp, "saved_pp": pp, "source": str(Path(hf_dir).resolve())}
+                    "saved_tp": tp, "saved_pp": pp, "saved_ep": ep, "source": str(Path(hf_dir).resolve())}
             with open(tmp / META_FILE, "w") as f:
                 json.dump(meta, f, indent=2)
                 f.write("\n")
@@ -166,8 +167,10 @@ def hf_to_mcore(hf_dir: str | os.PathLike, out: str | os.PathLike, tp: int = 1, 
 
 def mcore_to_hf(ckpt: str | os.PathLike, out: str | os.PathLike, hf_dir: str | os.PathLike | None = None,
                 tp: int = 1, pp: int = 1, dtype: str | None = None, max_shard_size: str | int = "5GB",
-                overwrite: bool = False, bucket_bytes: int = DEFAULT_BUCKET_BYTES, progress: bool = True) -> Path:
-    """Megatron dist checkpoint -> HF folder (safetensors, config, tokenizer) at `out`, loaded at tp x pp.
+                overwrite: bool = False, bucket_bytes: int = DEFAULT_BUCKET_BYTES, progress: bool = True,
+                ep: int = 1) -> Path:
+    """Megatron dist checkpoint -> HF folder (safetensors, config, tokenizer) at `out`, loaded at tp x pp (x ep
+    for a mixture-of-experts model; any layout loads a checkpoint saved at any other).
 
     hf_dir: where config and tokenizer files come from (None: CKPT/hf written by hf_to_mcore). dtype: of the
     written weights (None: the checkpoint's). Rank 0 writes; memory on rank 0 is one shard plus one bucket.
@@ -190,7 +193,7 @@ def mcore_to_hf(ckpt: str | os.PathLike, out: str | os.PathLike, hf_dir: str | o
     check_output(out, overwrite)
     stored = meta.get("dtype") or _config_dtype(hf)
     out_dtype = DTYPES[dtype or stored]
-    parallel = _setup(hf, tp, pp)
+    parallel = _setup(hf, tp, pp, ep)
     with atomic_output_dir(out, overwrite) as tmp:
         chunks = _build(hf, hf_dir, stored, parallel)
         load_mcore_checkpoint(chunks, ckpt)

@@ -28,6 +28,14 @@ mapping (mcore_rl.weight_sync.receiver.WeightReceiver.update_bucket(..., layout=
 tensors in the same order, so an engine tensor is a view over the region its HF tensors occupy
 (plus zeroed padding rows): the engine layout costs no extra copy.
 
+Mixture-of-experts layers: an expert's matrices live on one expert-parallel (EP) rank, split over its expert
+tensor-parallel group. Per expert parameter, the holders all-gather it over that group, then the holder broadcasts
+the HF tensors over the EP group, so afterwards every rank of the owning stage has them, as for a dense parameter
+after its TP all-gather; the rest is the same. EP (and expert-TP) groups cut across the data-parallel replicas of
+the dense layers, so with parallel.ep > 1 (or parallel.etp != parallel.tp) every rank of the owning stage joins
+these collectives, also for destination=r. Memory
+stays one bucket plus one expert parameter.
+
 Bucket bound: buckets are cut at `bucket_bytes` (bytes of the yielded tensors in the export dtype) and at changes of
 the owning stage. The unit is one Megatron parameter (fused q/k/v or gate/up stay together); a parameter bigger
 than the bound gets a bucket of its own, so such a bucket is bigger than the bound.
@@ -59,6 +67,8 @@ class PlanItem:
     owner: int  # pipeline rank holding the parameter
     kind: Kind
     engine: tuple[tuple[str, tuple[int, ...]], ...] | None = None  # engine-layout (name, shape); None: HF layout
+    expert: int | None = None  # global expert index of an expert matrix
+    ep_owner: int | None = None  # the expert-parallel rank holding that expert
 
     @property
     def out(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
@@ -186,6 +196,11 @@ class HFWeightExporter:
         self._pp_group = ps.get_pipeline_model_parallel_group()
         self.tp = ps.get_tensor_model_parallel_world_size()
         self.pp_rank = ps.get_pipeline_model_parallel_rank()
+        self._etp_group = ps.get_expert_tensor_parallel_group()
+        self._ep_group = ps.get_expert_model_parallel_group()
+        self.etp = ps.get_expert_tensor_parallel_world_size()
+        self.ep = ps.get_expert_model_parallel_world_size()
+        self.ep_rank = ps.get_expert_model_parallel_rank()
         self._plan: list[BucketPlan] | None = None
         self._params: dict[int, torch.Tensor] = {}
         self._receive = True
@@ -213,9 +228,8 @@ class HFWeightExporter:
         everyone: list = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)  # the one metadata exchange
         me = everyone[dist.get_rank()]
-        replica = [m for m in everyone if m["dp"] == me["dp"]]
         owner: dict[int, tuple[int, str]] = {}
-        for m in replica:
+        for m in everyone:  # an expert may be held in another data-parallel replica only (expert parallelism)
             for index, dtype in m["entries"]:
                 owner.setdefault(index, (m["pp"], dtype))
         entries = expand(self.hf)
@@ -232,12 +246,18 @@ class HFWeightExporter:
                 from mcore_rl.bridge.engine_layout import engine_tensors
 
                 engine = tuple(engine_tensors(e, self.dims))
-            items.append(PlanItem(i, e.hf, tuple(e.hf_shapes(self.dims)), export_dtype, pp, e.kind, engine))
+            ep_owner = None if e.expert is None else e.expert // (self.dims.num_experts // self.ep)
+            items.append(PlanItem(i, e.hf, tuple(e.hf_shapes(self.dims)), export_dtype, pp, e.kind, engine,
+                                  e.expert, ep_owner))
         if self.destination == "all":
             self._receive = self._participate = True
         else:
             dest = everyone[self.destination]
-            self._participate = me["dp"] == dest["dp"]
+            self._same_replica = me["dp"] == dest["dp"]
+            # Expert groups leave the dense replica unless they are its TP groups (ep 1, etp = tp).
+            has_experts = any(it.expert is not None for it in items)
+            crosses = self.ep > 1 or self.etp != self.tp
+            self._participate = self._same_replica or (has_experts and crosses)
             self._receive = me["rank"] == dest["rank"]
             self._dest = dest
         return plan_buckets(items, self.bucket_bytes)
@@ -275,7 +295,7 @@ class HFWeightExporter:
         else:
             from megatron.core import parallel_state as ps
 
-            sends = (owns and bp.owner != self._dest["pp"]
+            sends = (owns and self._same_replica and bp.owner != self._dest["pp"]
                      and ps.get_tensor_model_parallel_rank() == self._dest["tp"])
             keeps, receives = self._receive or sends, self._receive and not owns
         flat = views = outs = None
@@ -321,13 +341,35 @@ class HFWeightExporter:
         return views, outs, pads
 
     def _gather(self, item: PlanItem) -> list[torch.Tensor]:
-        """HF tensors of one item from this TP group's shards (collective over the TP group unless replicated)."""
+        """HF tensors of one item from this TP group's shards (collective over the TP group unless replicated).
+        An expert's: gathered over the expert-TP group by its holders, then broadcast over the EP group."""
+        if item.expert is not None:
+            return self._gather_expert(item)
         local = self._params[item.index].detach().to(item.dtype)
         if self.tp == 1 or item.kind == Kind.REPLICATED:
             return from_shards(item.kind, [local], self.dims)
         shards = [torch.empty_like(local) for _ in range(self.tp)]
         dist.all_gather(shards, local.contiguous(), group=self._tp_group)
         return from_shards(item.kind, shards, self.dims)
+
+    def _gather_expert(self, item: PlanItem) -> list[torch.Tensor]:
+        if self.ep_rank == item.ep_owner:
+            local = self._params[item.index].detach().to(item.dtype)
+            if self.etp == 1:
+                tensors = from_shards(item.kind, [local], self.dims)
+            else:
+                shards = [torch.empty_like(local) for _ in range(self.etp)]
+                dist.all_gather(shards, local.contiguous(), group=self._etp_group)
+                tensors = from_shards(item.kind, shards, self.dims)
+            if self.ep == 1:
+                return tensors
+            tensors = [t.contiguous() for t in tensors]
+        else:
+            tensors = [torch.empty(shape, dtype=item.dtype, device=self._device()) for shape in item.shapes]
+        src = dist.get_global_rank(self._ep_group, item.ep_owner)
+        for t in tensors:
+            dist.broadcast(t, src=src, group=self._ep_group)
+        return tensors
 
 
 def measure_export_seconds_per_gb(exporter: HFWeightExporter, repeats: int = 1) -> dict:

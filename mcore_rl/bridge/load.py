@@ -1,4 +1,5 @@
-"""HF safetensors -> a live, sharded Megatron model: each rank reads only its TP shard of its pipeline stage.
+"""HF safetensors -> a live, sharded Megatron model: each rank reads only its TP shard of its pipeline stage (and of
+a mixture-of-experts layer only its expert-parallel rank's experts, split over the expert tensor-parallel group).
 
     model = build_model(hf, model_cfg, parallel_cfg)
     load_hf_weights(model.chunks, hf_dir, critic=model.info.is_critic)
@@ -54,10 +55,12 @@ def check_hf_checkpoint(reader: SafetensorsReader, hf: dict, strict: bool = True
         warnings.warn(msg + "; ignored", stacklevel=3)
 
 
-def _tp() -> tuple[int, int]:
-    from megatron.core import parallel_state
+def _tp() -> tuple[int, int, int, int]:
+    """(tp, tp rank, expert tp, expert tp rank): expert matrices are split over the expert tensor-parallel group."""
+    from megatron.core import parallel_state as ps
 
-    return parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_tensor_model_parallel_rank()
+    return (ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank(),
+            ps.get_expert_tensor_parallel_world_size(), ps.get_expert_tensor_parallel_rank())
 
 
 def load_hf_weights(
@@ -80,7 +83,7 @@ def load_hf_weights(
         from mcore_rl.models.arch import load_hf_config
 
         hf = load_hf_config(hf_dir)
-    tp, tp_rank = _tp()
+    tp, tp_rank, etp, etp_rank = _tp()
     dims = Dims.from_hf(hf)
     bound = bind(chunks, hf, critic=critic)
     with SafetensorsReader(hf_dir) as reader:
@@ -91,11 +94,12 @@ def load_hf_weights(
 
             items = tqdm(bound, desc="loading HF weights", unit="tensor")
         for b in items:
-            shard = to_shard(b.entry.kind, [reader.slice(n) for n in b.entry.hf], tp, tp_rank, dims)
+            size, rank = (etp, etp_rank) if b.entry.expert is not None else (tp, tp_rank)
+            shard = to_shard(b.entry.kind, [reader.slice(n) for n in b.entry.hf], size, rank, dims)
             if tuple(shard.shape) != tuple(b.param.shape):
                 raise ValueError(
                     f"HF tensor(s) {list(b.entry.hf)} give a TP shard of shape {list(shard.shape)} but Megatron's "
-                    f"{b.name} has shape {list(b.param.shape)} (tp={tp}); the model was built from another config"
+                    f"{b.name} has shape {list(b.param.shape)} (tp={size}); the model was built from another config"
                 )
             with torch.no_grad():
                 b.param.copy_(shard)

@@ -8,6 +8,13 @@ The table is chosen by mcore_rl.models.arch.resolve_arch from config.json (`arch
     entries = expand(hf_config)            # every HF <-> Megatron pair of the whole model, in HF order
     dims = Dims.from_hf(hf_config)
     entry.hf_shapes(dims)                  # [(4096, 4096), (1024, 4096), (1024, 4096)] for a fused q, k, v
+
+Mixture-of-experts layers (Qwen3-MoE, Mixtral) have one rule per expert matrix, expanded into one entry per global
+expert `e` (`Entry.expert`): HF `mlp.experts.{e}.{gate,up,down}_proj.weight` (Mixtral
+`block_sparse_moe.experts.{e}.{w1,w3,w2}.weight`) <-> Megatron `mlp.experts.local_experts.{k}.linear_fc{1,2}.weight`
+(SequentialMLP; TEGroupedMLP names them `mlp.experts.linear_fc{1,2}.weight{k}`), where `k` is the expert's index on
+the expert-parallel rank that holds it (mcore_rl.bridge.bind reads it from the layer). Expert matrices are split
+over the expert tensor-parallel group (parallel.etp) like their dense counterparts; the router is replicated.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ class Rule:
     mcore: tuple[str, ...]  # Megatron names (relative to decoder.layers.{local} for layer rules); first found wins
     kind: Kind
     shapes: tuple[tuple[str, ...], ...]  # HF shape of each hf name in Dims symbols (see Dims.size)
+    expert: bool = False  # one entry per expert: "{e}" in hf names is the global expert, "{k}" in mcore the local
 
 
 @dataclass(frozen=True)
@@ -52,10 +60,18 @@ class Dims:
     num_groups: int
     head_dim: int
     vocab: int
+    num_experts: int = 0  # routed experts per MoE layer (0: dense)
+    expert_ffn: int = 0  # intermediate size of one expert
 
     @classmethod
     def from_hf(cls, hf: dict) -> "Dims":
         heads = hf["num_attention_heads"]
+        arch = resolve_arch(hf)
+        moe_dims = {}
+        if arch.moe:
+            from mcore_rl.models.moe import expert_ffn, num_experts
+
+            moe_dims = dict(num_experts=num_experts(hf), expert_ffn=expert_ffn(hf, arch))
         return cls(
             hidden=hf["hidden_size"],
             ffn=hf["intermediate_size"],
@@ -63,6 +79,7 @@ class Dims:
             num_groups=hf.get("num_key_value_heads") or heads,
             head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
             vocab=hf["vocab_size"],
+            **moe_dims,
         )
 
     def size(self, symbol: str) -> int:
@@ -73,6 +90,8 @@ class Dims:
             "kv": self.num_groups * self.head_dim,
             "d": self.head_dim,
             "v": self.vocab,
+            "E": self.num_experts,
+            "e": self.expert_ffn,
         }[symbol]
 
 
@@ -87,13 +106,15 @@ class Entry:
     layer: int | None  # global layer index for Where.LAYER
     shapes: tuple[tuple[str, ...], ...]
     export: bool = True  # False for the last stage's copy of a tied embedding: loaded, never exported
+    expert: int | None = None  # global expert index of an expert matrix; mcore names then hold "{k}" (local index)
 
     def hf_shapes(self, dims: Dims) -> list[tuple[int, ...]]:
         return [tuple(dims.size(s) for s in shape) for shape in self.shapes]
 
 
-def _layer_rules(qkv_bias: bool, qk_norm: bool) -> tuple[Rule, ...]:
-    """The decoder layer of the Llama family. Names relative to model.layers.{i} / decoder.layers.{local}."""
+def _layer_rules(qkv_bias: bool, qk_norm: bool, mlp: str = "dense") -> tuple[Rule, ...]:
+    """The decoder layer of the Llama family. Names relative to model.layers.{i} / decoder.layers.{local}.
+    mlp: "dense", or the MoE block of "qwen3_moe" / "mixtral" (_moe_rules)."""
     p = "model.layers.{i}."
     attn = p + "self_attn."
     rules = [
@@ -114,11 +135,38 @@ def _layer_rules(qkv_bias: bool, qk_norm: bool) -> tuple[Rule, ...]:
         Rule((attn + "o_proj.weight",), ("self_attention.linear_proj.weight",), Kind.ROW, (("h", "q"),)),
         Rule((p + "post_attention_layernorm.weight",),
              ("pre_mlp_layernorm.weight", "mlp.linear_fc1.layer_norm_weight"), Kind.REPLICATED, (("h",),)),
+    ]
+    if mlp != "dense":
+        return tuple(rules) + _moe_rules(mlp)
+    rules += [
         Rule((p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
              ("mlp.linear_fc1.weight",), Kind.GATE_UP, (("f", "h"), ("f", "h"))),
         Rule((p + "mlp.down_proj.weight",), ("mlp.linear_fc2.weight",), Kind.ROW, (("h", "f"),)),
     ]
     return tuple(rules)
+
+
+# HF names of the MoE block: (router, expert prefix, gate, up, down), relative to model.layers.{i}.
+_MOE_HF = {
+    "qwen3_moe": ("mlp.gate.weight", "mlp.experts.{e}.", "gate_proj", "up_proj", "down_proj"),
+    "mixtral": ("block_sparse_moe.gate.weight", "block_sparse_moe.experts.{e}.", "w1", "w3", "w2"),
+}
+
+
+def _moe_rules(style: str) -> tuple[Rule, ...]:
+    """Router and per-expert SwiGLU matrices. Megatron names: SequentialMLP first, TEGroupedMLP second."""
+    router, expert, gate, up, down = _MOE_HF[style]
+    p = "model.layers.{i}."
+    e = p + expert
+    return (
+        Rule((p + router,), ("mlp.router.weight",), Kind.REPLICATED, (("E", "h"),)),
+        Rule((e + gate + ".weight", e + up + ".weight"),
+             ("mlp.experts.local_experts.{k}.linear_fc1.weight", "mlp.experts.linear_fc1.weight{k}"),
+             Kind.GATE_UP, (("e", "h"), ("e", "h")), expert=True),
+        Rule((e + down + ".weight",),
+             ("mlp.experts.local_experts.{k}.linear_fc2.weight", "mlp.experts.linear_fc2.weight{k}"),
+             Kind.ROW, (("h", "e"),), expert=True),
+    )
 
 
 EMBEDDING = Rule(("model.embed_tokens.weight",), ("embedding.word_embeddings.weight",), Kind.VOCAB, (("v", "h"),))
@@ -138,6 +186,8 @@ ARCH_MAPS = {
     "mistral": ArchMap("mistral", _layer_rules(qkv_bias=False, qk_norm=False)),
     "qwen2": ArchMap("qwen2", _layer_rules(qkv_bias=True, qk_norm=False)),
     "qwen3": ArchMap("qwen3", _layer_rules(qkv_bias=False, qk_norm=True)),
+    "qwen3_moe": ArchMap("qwen3_moe", _layer_rules(qkv_bias=False, qk_norm=True, mlp="qwen3_moe")),
+    "mixtral": ArchMap("mixtral", _layer_rules(qkv_bias=False, qk_norm=False, mlp="mixtral")),
 }
 
 # HF tensors that carry no weights (buffers some older checkpoints saved).
@@ -160,10 +210,16 @@ def expand(hf: dict) -> list[Entry]:
     output_layer.weight when that stage has no embedding) is an entry that is loaded but never exported.
     """
     amap = arch_map(hf)
+    num_experts = Dims.from_hf(hf).num_experts
     entries = [Entry(EMBEDDING.hf, EMBEDDING.mcore, EMBEDDING.kind, Where.PRE, None, EMBEDDING.shapes)]
     for i in range(hf["num_hidden_layers"]):
         for r in amap.layer:
-            entries.append(Entry(tuple(n.format(i=i) for n in r.hf), r.mcore, r.kind, Where.LAYER, i, r.shapes))
+            if not r.expert:
+                entries.append(Entry(tuple(n.format(i=i) for n in r.hf), r.mcore, r.kind, Where.LAYER, i, r.shapes))
+                continue
+            for e in range(num_experts):
+                entries.append(Entry(tuple(n.format(i=i, e=e) for n in r.hf), r.mcore, r.kind, Where.LAYER, i,
+                                     r.shapes, expert=e))
     entries.append(Entry(FINAL_NORM.hf, FINAL_NORM.mcore, FINAL_NORM.kind, Where.POST, None, FINAL_NORM.shapes))
     if tied(hf):
         entries.append(Entry(EMBEDDING.hf, LM_HEAD.mcore, Kind.VOCAB, Where.POST, None, EMBEDDING.shapes,

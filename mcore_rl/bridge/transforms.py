@@ -33,7 +33,7 @@ def to_shard(kind: Kind, hf_tensors: list, tp: int, rank: int, dims: Dims) -> to
         return _qkv_shard(hf_tensors, tp, rank, dims)
     if kind == Kind.GATE_UP:
         gate, up = hf_tensors
-        f = dims.ffn // tp
+        f = _shape(gate)[0] // tp  # dense ffn, or one expert's
         return torch.cat([gate[rank * f:(rank + 1) * f], up[rank * f:(rank + 1) * f]], dim=0)
     raise AssertionError(f"unknown kind {kind}")
 

@@ -11,6 +11,8 @@ FUSED_SWIGLU = ("auto", "on", "off")
 LM_HEAD = ("loss_tokens", "all")
 COMPILE_ROPE = ("off", "on", "auto")
 PACKED_ATTENTION = ("auto", "varlen", "padded", "loop")
+MOE_DISPATCHERS = ("alltoall", "allgather")
+MOE_GROUPED_GEMM = ("auto", "on", "off")
 
 
 @dataclass
@@ -51,6 +53,25 @@ class ModelConfig:
     auto (the flash varlen kernel on CUDA in fp16 / bf16 without dropout or sliding window when the sequences
     differ in length, else padded), varlen, padded (one batched SDPA call) or loop (one call per sequence, the
     reference path). See models/attention.py."""
+    moe_aux_loss_coeff: float = 0.0
+    """Mixture-of-experts models only (docs/moe.md): weight of the load-balancing auxiliary loss (Switch /
+    GShard form, Megatron's moe_aux_loss_coeff with load balancing "aux_loss"), added to the gradient of every MoE
+    layer's router, not to the reported policy loss. 0 turns it off. The HF configs carry their pre-training value
+    as router_aux_loss_coef (Qwen3-MoE 0.001, Mixtral 0.02); it is not read from there, since RL recipes usually
+    train with a smaller one or none."""
+    moe_z_loss_coeff: float = 0.0
+    """Mixture-of-experts models only: weight of the router z-loss (ST-MoE, mean squared logsumexp of the router
+    logits; Megatron's moe_z_loss_coeff), which keeps router logits small. 0 turns it off (1e-3 is a usual value)."""
+    moe_token_dispatcher: str = "alltoall"
+    """Mixture-of-experts models only: how tokens reach the experts of other expert-parallel ranks. alltoall
+    (all-to-all of the routed tokens; works on gloo and NCCL and with pipeline parallelism) or allgather (every
+    rank gathers all tokens and keeps those of its experts; Megatron refuses it with variable sequence lengths,
+    so only with parallel.pp=1). See docs/moe.md."""
+    moe_grouped_gemm: str = "auto"
+    """Mixture-of-experts models only: run a rank's experts in grouped GEMMs (Transformer Engine's TEGroupedMLP) or
+    one after the other (Megatron's SequentialMLP, plain torch matmuls; the only choice on CPU). auto: grouped
+    where Transformer Engine is used (model.attention=te, or auto on a GPU with it installed), sequential
+    elsewhere. on: grouped, a ValueError without Transformer Engine. off: sequential."""
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -70,5 +91,13 @@ class ModelConfig:
                              "model.packed_rope=false turns off; set compile_rope=off or packed_rope=true")
         if self.packed_attention not in PACKED_ATTENTION:
             raise ValueError(f"model.packed_attention must be one of {PACKED_ATTENTION}, got {self.packed_attention!r}")
+        for name in ("moe_aux_loss_coeff", "moe_z_loss_coeff"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"model.{name} must be >= 0 (0 turns it off), got {getattr(self, name)}")
+        if self.moe_token_dispatcher not in MOE_DISPATCHERS:
+            raise ValueError(f"model.moe_token_dispatcher must be one of {MOE_DISPATCHERS}, "
+                             f"got {self.moe_token_dispatcher!r}")
+        if self.moe_grouped_gemm not in MOE_GROUPED_GEMM:
+            raise ValueError(f"model.moe_grouped_gemm must be one of {MOE_GROUPED_GEMM}, got {self.moe_grouped_gemm!r}")
         if self.recompute_num_layers < 1:
             raise ValueError(f"model.recompute_num_layers must be >= 1, got {self.recompute_num_layers}")

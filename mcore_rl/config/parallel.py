@@ -1,4 +1,4 @@
-"""Parallel layout: tensor, pipeline and data parallel sizes (data parallel is what is left of the world)."""
+"""Parallel layout: tensor, pipeline, expert and data parallel sizes (data parallel is what is left of the world)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,12 @@ class ParallelConfig:
     """Pipeline-parallel size: the layers are split into this many stages."""
     vpp: int | None = None
     """Virtual pipeline stages per rank (interleaved schedule; needs pp > 1); null for the plain 1F1B schedule."""
+    ep: int = 1
+    """Expert-parallel size (mixture-of-experts models): the experts of every MoE layer are split this many ways.
+    Must divide the number of experts and world size / (etp x pp). Expert parallelism takes its ranks from the
+    data-parallel (and tensor-parallel) ranks of the dense layers: attention stays data parallel over them."""
+    etp: int | None = None
+    """Expert tensor-parallel size: each expert's matrices are split this many ways; null = parallel.tp."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism (needs Transformer Engine or apex norms; ignored at tp=1)."""
     seed: int = 1234
@@ -24,8 +30,10 @@ class ParallelConfig:
     fails. Raise it when a rank legitimately waits long (e.g. for a slow rollout or checkpoint on another rank)."""
 
     def __post_init__(self):
-        for name in ("tp", "pp"):
+        for name in ("tp", "pp", "ep", "etp"):
             value = getattr(self, name)
+            if name == "etp" and value is None:
+                continue
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"parallel.{name} must be a positive integer, got {value!r}")
         if self.vpp is not None and (self.vpp < 1 or self.pp == 1):

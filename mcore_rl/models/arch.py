@@ -17,6 +17,7 @@ class ArchSpec:
     hf_class: str
     qkv_bias: bool  # attention q/k/v projections carry a bias
     qk_norm: bool  # per-head RMSNorm on queries and keys (Qwen3)
+    moe: bool = False  # mixture-of-experts MLP in every decoder layer (models/moe.py)
 
 
 ARCHS = {
@@ -24,8 +25,22 @@ ARCHS = {
     "mistral": ArchSpec("mistral", "MistralForCausalLM", qkv_bias=False, qk_norm=False),
     "qwen2": ArchSpec("qwen2", "Qwen2ForCausalLM", qkv_bias=True, qk_norm=False),
     "qwen3": ArchSpec("qwen3", "Qwen3ForCausalLM", qkv_bias=False, qk_norm=True),
+    "qwen3_moe": ArchSpec("qwen3_moe", "Qwen3MoeForCausalLM", qkv_bias=False, qk_norm=True, moe=True),
+    "mixtral": ArchSpec("mixtral", "MixtralForCausalLM", qkv_bias=False, qk_norm=False, moe=True),
 }
 _BY_CLASS = {spec.hf_class: spec for spec in ARCHS.values()}
+
+# Mixture-of-experts architectures that are recognised but not supported, and why (docs/moe.md).
+UNSUPPORTED_MOE = {
+    "Qwen2MoeForCausalLM": "shared experts (shared_expert, shared_expert_gate)",
+    "DeepseekV2ForCausalLM": "shared experts and multi-latent attention",
+    "DeepseekV3ForCausalLM": "shared experts, multi-latent attention and sigmoid routing with expert bias",
+    "OlmoeForCausalLM": "q/k norms over all heads",
+    "GptOssForCausalLM": "expert biases, attention sinks and a clamped SwiGLU",
+}
+_UNSUPPORTED_TYPES = {"qwen2_moe": "Qwen2MoeForCausalLM", "deepseek_v2": "DeepseekV2ForCausalLM",
+                      "deepseek_v3": "DeepseekV3ForCausalLM", "olmoe": "OlmoeForCausalLM",
+                      "gpt_oss": "GptOssForCausalLM"}
 
 
 def supported() -> str:
@@ -52,6 +67,13 @@ def resolve_arch(hf_config: dict) -> ArchSpec:
     model_type = hf_config.get("model_type")
     if not archs and model_type in ARCHS:
         return ARCHS[model_type]
+    for a in list(archs) + [_UNSUPPORTED_TYPES.get(model_type)]:
+        if a in UNSUPPORTED_MOE:
+            raise ValueError(
+                f"{a} is a mixture-of-experts architecture this project does not support: its {UNSUPPORTED_MOE[a]} "
+                "have no mapping yet; supported mixture-of-experts architectures: "
+                + ", ".join(s.hf_class for s in ARCHS.values() if s.moe) + f" (all supported: {supported()})"
+            )
     raise ValueError(
         f"unsupported architecture (architectures={archs}, model_type={model_type!r}); "
         f"supported: {supported()}"

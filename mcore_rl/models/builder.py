@@ -24,7 +24,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from mcore_rl.config.model import ModelConfig
 from mcore_rl.config.parallel import ParallelConfig
-from mcore_rl.models import lm_head, rope
+from mcore_rl.models import lm_head, moe, rope
 from mcore_rl.models.arch import resolve_arch
 from mcore_rl.models.specs import layer_spec
 
@@ -132,6 +132,8 @@ def validate_layout(hf: dict, parallel: ParallelConfig) -> None:
             + (f" x parallel.vpp ({parallel.vpp}) = {stages}" if parallel.vpp else "")
             + f"; every pipeline stage holds the same number of layers: choose {what} dividing {layers}"
         )
+    if hf.get("num_experts") or hf.get("num_local_experts"):
+        moe.validate_experts(hf, parallel)
 
 
 def _refuse_unmapped_features(hf: dict, arch) -> None:
@@ -143,7 +145,8 @@ def _refuse_unmapped_features(hf: dict, arch) -> None:
             f"attention_bias=True is not supported for {arch.hf_class}: it also puts a bias on o_proj, which this "
             "Megatron model (add_bias_linear=False) has no place for"
         )
-    if arch.name in ("qwen2", "qwen3") and hf.get("use_sliding_window") and hf.get("sliding_window") is not None:
+    sliding = hf.get("use_sliding_window") and hf.get("sliding_window") is not None
+    if arch.name in ("qwen2", "qwen3", "qwen3_moe") and sliding:
         layers = hf["num_hidden_layers"]
         kinds = hf.get("layer_types") or [
             "sliding_attention" if i >= hf.get("max_window_layers", layers) else "full_attention"
@@ -170,6 +173,11 @@ def transformer_config(hf: dict, model_cfg: ModelConfig, parallel: ParallelConfi
         recompute = dict(recompute_granularity="full", recompute_method="uniform",
                          recompute_num_layers=model_cfg.recompute_num_layers)
     sp = parallel.sequence_parallel and parallel.tp > 1
+    moe_kwargs = moe.moe_fields(hf, arch, model_cfg, parallel)
+    # The pipeline exchanges shapes because micro batches differ in length; Megatron's allgather token dispatcher
+    # refuses variable lengths, and moe_fields allows it only without a pipeline, where nothing is exchanged.
+    variable_lengths = moe_kwargs.get("moe_token_dispatcher_type", "alltoall") != "allgather"
+    moe_kwargs.setdefault("moe_token_dispatcher_type", "alltoall")  # unused without MoE
     cfg = TransformerConfig(
         num_layers=hf["num_hidden_layers"],
         hidden_size=hf["hidden_size"],
@@ -198,8 +206,9 @@ def transformer_config(hf: dict, model_cfg: ModelConfig, parallel: ParallelConfi
         use_cpu_initialization=not torch.cuda.is_available(),
         perform_initialization=True,
         init_method_std=hf.get("initializer_range", 0.02),
-        variable_seq_lengths=True,  # pipeline p2p exchanges shapes: micro batches differ in length
-        moe_token_dispatcher_type="alltoall",  # required with variable_seq_lengths, unused without MoE
+        variable_seq_lengths=variable_lengths,
+        moe_grouped_gemm=arch.moe and moe.grouped_gemm(model_cfg, use_te(model_cfg)),
+        **moe_kwargs,
         masked_softmax_fusion=False,
         bias_activation_fusion=model_cfg.fused_swiglu == "on" or (model_cfg.fused_swiglu == "auto"
                                                                   and torch.cuda.is_available()),
@@ -217,7 +226,8 @@ def sliding_window(hf: dict) -> int | None:
     """The attention window of every layer (Mistral), or None for full causal attention. Qwen's per-layer
     windows are refused by transformer_config."""
     window = hf.get("sliding_window")
-    if window is not None and hf.get("use_sliding_window", True) and resolve_arch(hf).name == "mistral":
+    if window is not None and hf.get("use_sliding_window", True) and resolve_arch(hf).name in ("mistral",
+                                                                                              "mixtral"):
         return int(window)
     return None
 
@@ -269,7 +279,9 @@ def build_model(
 ) -> BuiltModel:
     """This rank's GPTModel chunks (one per virtual pipeline stage), on the current device, and their ModelInfo."""
     cfg = transformer_config(hf, model_cfg, parallel)
-    spec = layer_spec(cfg, use_te(model_cfg), sliding_window(hf), model_cfg.packed_attention)
+    if cfg.num_moe_experts:
+        moe.define_missing_te_names()
+    spec = layer_spec(cfg, use_te(model_cfg), sliding_window(hf), model_cfg.packed_attention)  # MoE: from cfg
     # packed micro batches: RoPE in one call per layer, no host sync (models/rope.py)
     rope.install(model_cfg.packed_rope, model_cfg.compile_rope)
     info = ModelInfo(vocab_size=hf["vocab_size"], is_critic=value_head,

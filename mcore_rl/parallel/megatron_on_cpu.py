@@ -46,6 +46,14 @@ PATCHED_MODULES = (
     "megatron.core.dist_checkpointing.strategies.filesystem_async",
     "megatron.core.dist_checkpointing.exchange_utils",
     "megatron.core.utils",
+    # Mixture-of-experts layers (models/moe.py): the alltoall dispatcher makes a torch.cuda.Stream for its
+    # device-to-host copies of the split sizes and synchronises on its events; the router moves CPU weights to
+    # torch.cuda.current_device(); the aux-loss tracker allocates on "cuda"; the all-to-all of
+    # tensor_parallel.mappings allocates its output on torch.cuda.current_device().
+    "megatron.core.transformer.moe.token_dispatcher",
+    "megatron.core.transformer.moe.router",
+    "megatron.core.transformer.moe.moe_utils",
+    "megatron.core.tensor_parallel.mappings",
 )
 
 _FACTORIES = (
@@ -288,6 +296,88 @@ def _cuda_type_names(mapping):
         torch.Tensor.type = orig_type
 
 
+def _cpu_split_sizes(orig):
+    """The alltoall MoE dispatcher hands its split sizes to all_to_all_single as numpy arrays, made by
+    maybe_move_tensor_to_cpu(..., as_numpy=True) when it copies them off the GPU; for a tensor already on the CPU that
+    function returns the tensor itself, which all_to_all_single's binding rejects (TypeError: incompatible function
+    arguments). This stand-in returns a numpy copy there too."""
+    if getattr(orig, "_mcore_rl_cpu", False):
+        return orig
+
+    @functools.wraps(orig)
+    def move(tensor, as_numpy=False, record_stream=False):
+        if as_numpy and torch.is_tensor(tensor) and not tensor.is_cuda:
+            return tensor.detach().numpy().copy()
+        return orig(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    move._mcore_rl_cpu = True
+    return move
+
+
+def _uneven_gather(orig):
+    """Megatron's all-gather along the first dimension with per-rank sizes (output_split_sizes: the MoE alltoall
+    dispatcher gathers routed tokens over the expert tensor-parallel group) calls torch.distributed.all_gather with
+    tensors of different sizes, which gloo refuses ('invalid tensor size'). Stand-in: pad every rank's part to the
+    largest, gather equal parts, drop the padding. Equal splits go to Megatron's own code."""
+    if getattr(orig, "_mcore_rl_cpu", False):
+        return orig
+
+    @functools.wraps(orig)
+    def gather(input_, group, output_split_sizes=None, use_global_buffer=False):
+        if output_split_sizes is None or group.size() == 1 or input_.is_cuda:
+            return orig(input_, group, output_split_sizes, use_global_buffer)
+        sizes = [int(n) for n in output_split_sizes]
+        rows = max(sizes)
+        padded = input_.new_zeros((rows, *input_.shape[1:]))
+        padded[:input_.shape[0]] = input_
+        parts = [torch.empty_like(padded) for _ in sizes]
+        torch.distributed.all_gather(parts, padded, group=group)
+        return torch.cat([p[:n] for p, n in zip(parts, sizes)], dim=0)
+
+    gather._mcore_rl_cpu = True
+    return gather
+
+
+def _uneven_reduce_scatter(orig):
+    """The reverse of _uneven_gather (input_split_sizes: the dispatcher's combine step): torch.distributed.
+    reduce_scatter with a list of parts, which gloo does not implement. Stand-in: all-reduce the whole tensor and
+    keep this rank's rows (more traffic, same sums)."""
+    if getattr(orig, "_mcore_rl_cpu", False):
+        return orig
+
+    @functools.wraps(orig)
+    def reduce_scatter(input_, group, input_split_sizes=None, use_global_buffer=False):
+        if input_split_sizes is None or group.size() == 1 or input_.is_cuda:
+            return orig(input_, group, input_split_sizes, use_global_buffer)
+        sizes = [int(n) for n in input_split_sizes]
+        total = input_.contiguous().clone()
+        torch.distributed.all_reduce(total, group=group)
+        start = sum(sizes[:group.rank()])
+        return total[start:start + sizes[group.rank()]].clone()
+
+    reduce_scatter._mcore_rl_cpu = True
+    return reduce_scatter
+
+
+# Module-level functions replaced by a CPU stand-in: (module, attribute, maker of the stand-in from the original).
+# Callers inside the module look the name up at call time, so replacing the module attribute reaches them.
+FUNCTION_SITES = (
+    ("megatron.core.transformer.moe.token_dispatcher", "maybe_move_tensor_to_cpu", _cpu_split_sizes),
+    ("megatron.core.tensor_parallel.mappings", "_gather_along_first_dim", _uneven_gather),
+    ("megatron.core.tensor_parallel.mappings", "_reduce_scatter_along_first_dim", _uneven_reduce_scatter),
+)
+
+
+def _patch_functions():
+    for module_name, attr, make in FUNCTION_SITES:
+        try:
+            mod = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        if hasattr(mod, attr):
+            setattr(mod, attr, make(getattr(mod, attr)))
+
+
 def apply() -> bool:
     """Install the CPU stand-ins into Megatron-Core. No-op (returns False) when CUDA is available."""
     global _applied
@@ -305,5 +395,6 @@ def apply() -> bool:
     _patch_rng()
     _patch_type_checks()
     _wrap_sites(TENSOR_CUDA_SITES, _tensor_cuda_is_identity)
+    _patch_functions()
     _applied = True
     return True

@@ -31,6 +31,8 @@ class Layout:
     vpp: int | None
     device: torch.device
     backend: str
+    ep: int = 1
+    etp: int = 1
 
 
 def validate(parallel: ParallelConfig, world_size: int, hf_config: dict | None = None) -> int:
@@ -40,6 +42,16 @@ def validate(parallel: ParallelConfig, world_size: int, hf_config: dict | None =
             f"world size ({world_size}) is not divisible by parallel.tp ({parallel.tp}) x parallel.pp "
             f"({parallel.pp}) = {parallel.tp * parallel.pp}; change the number of processes or the layout"
         )
+    etp = parallel.etp or parallel.tp
+    if parallel.ep > 1 or etp != parallel.tp:
+        # Megatron lays the expert layers out as etp x ep x expert-dp x pp over the same ranks as the dense ones.
+        if world_size % (etp * parallel.ep * parallel.pp):
+            raise ValueError(
+                f"world size ({world_size}) is not divisible by parallel.etp ({etp}) x parallel.ep ({parallel.ep}) "
+                f"x parallel.pp ({parallel.pp}) = {etp * parallel.ep * parallel.pp}: the expert layers need whole "
+                "expert-parallel groups in every pipeline stage; change parallel.ep, parallel.etp or the number of "
+                "processes"
+            )
     if hf_config is not None:
         from mcore_rl.models.builder import validate_layout
 
@@ -80,11 +92,14 @@ def initialize(parallel: ParallelConfig, hf_config: dict | None = None) -> Layou
             tensor_model_parallel_size=parallel.tp,
             pipeline_model_parallel_size=parallel.pp,
             virtual_pipeline_model_parallel_size=parallel.vpp,
+            expert_model_parallel_size=parallel.ep,
+            expert_tensor_parallel_size=parallel.etp or parallel.tp,
             distributed_timeout_minutes=parallel.distributed_timeout_minutes,
         )
     torch.manual_seed(parallel.seed)
     model_parallel_cuda_manual_seed(parallel.seed)
-    return Layout(world, rank, local_rank, parallel.tp, parallel.pp, dp, parallel.vpp, device, backend)
+    return Layout(world, rank, local_rank, parallel.tp, parallel.pp, dp, parallel.vpp, device, backend,
+                  ep=parallel.ep, etp=parallel.etp or parallel.tp)
 
 
 def destroy() -> None:

@@ -25,6 +25,7 @@ from mcore_rl import algorithms as alg
 from mcore_rl.config.root import RLConfig
 from mcore_rl.parallel.runtime import any_rank
 from mcore_rl.procs import STOPPED_EXIT_CODE, StopSignals
+from mcore_rl.rollout.errors import RolloutEngineError
 from mcore_rl.trainer.run import Run
 from mcore_rl.trainer.step_data import Skip
 from mcore_rl.trainer.update import train_step
@@ -35,6 +36,7 @@ log = logging.getLogger("mcore_rl")
 def train(cfg: RLConfig) -> None:
     stop = StopSignals(cfg.trainer.stop_signals).install()  # before any thread or child process exists
     run = Run(cfg)
+    step = run.start_step
     try:
         scheduler, kl_monitor = build_scheduler(cfg, run)
 
@@ -63,6 +65,14 @@ def train(cfg: RLConfig) -> None:
                 raise SystemExit(STOPPED_EXIT_CODE)
         if cfg.trainer.export_hf:
             run.export_hf()
+    except RolloutEngineError as e:  # every rank has it (rl_step.generate): one line, from rank 0
+        log.info("the rollout engine failed in step %d: %s. Last checkpoint: %s; continue with "
+                 "trainer.resume=auto", step, e, run.last_checkpoint or "none this run")
+        raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        log.info("interrupted in step %d. Last checkpoint: %s; continue with trainer.resume=auto", step,
+                 run.last_checkpoint or "none this run")
+        raise SystemExit(130) from None
     finally:
         run.close()
 

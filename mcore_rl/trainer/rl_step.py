@@ -20,6 +20,7 @@ import torch.distributed as dist
 from mcore_rl import algorithms as alg
 from mcore_rl.config.rl import ActorConfig, AlgorithmConfig
 from mcore_rl.parallel.runtime import from_rank0
+from mcore_rl.rollout.errors import RolloutEngineError
 from mcore_rl.trainer.batch import response_mask, rollout_logprobs, sample_sequences, shard, split_even
 from mcore_rl.trainer.batch import to_response_space, to_token_space
 from mcore_rl.trainer.losses import PeakMetrics, actor_loss_fn, count
@@ -64,15 +65,25 @@ def generate(ctx: StepContext, engine, rewards, prompts, n: int, first_group_id:
     """Rank 0 generates n samples per prompt and scores them; every rank gets the samples."""
     m: dict[str, float] = {}
     t0 = time.perf_counter()
-    payload = None
+    payload = error = None
     if engine is not None:
-        batch = engine.generate([p.prompt_ids for p in prompts], n=n, first_group_id=first_group_id,
-                                metas=[p.meta for p in prompts], prompt_texts=[p.prompt_text for p in prompts])
-        for s in batch.samples:
-            s.response_text = ctx.tokenizer.decode(s.response_ids, skip_special_tokens=True)
-        scored = rewards.score(batch.samples)
-        payload = [batch.samples, batch.policy_version, scored]
-    samples, version, rollout_metrics = from_rank0(payload)
+        try:
+            batch = engine.generate([p.prompt_ids for p in prompts], n=n, first_group_id=first_group_id,
+                                    metas=[p.meta for p in prompts], prompt_texts=[p.prompt_text for p in prompts])
+            for s in batch.samples:
+                s.response_text = ctx.tokenizer.decode(s.response_ids, skip_special_tokens=True)
+            scored = rewards.score(batch.samples)
+            payload = [batch.samples, batch.policy_version, scored]
+        except Exception as e:  # every rank raises it, instead of waiting for samples that never come
+            error = e
+            payload = e if isinstance(e, RolloutEngineError) else RuntimeError(
+                f"global rank 0 failed to generate: {type(e).__name__}: {e}")
+    try:
+        samples, version, rollout_metrics = from_rank0(payload)
+    except BaseException:
+        if error is not None:
+            raise error  # rank 0: the original, with its traceback
+        raise
     m.update(rollout_metrics)
     m["timing/rollout_s"] = time.perf_counter() - t0
     num_gen = sum(len(s.response_ids) for s in samples)

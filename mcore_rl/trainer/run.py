@@ -71,6 +71,7 @@ class Run:
         if resume_from is not None:
             self.resume_state = self._load(resume_from)
             self.start_step = int(self.resume_state["step"])
+            self.last_checkpoint = resume_from
             log.info("resumed from %s at step %d", resume_from, self.start_step)
 
         self.rollout = None

@@ -16,6 +16,8 @@ def hf_config(arch="llama", tied=False, **kw):
     cls = ARCHS[arch].hf_class
     cfg = dict(architectures=[cls], model_type=arch, hidden_size=8, intermediate_size=12, num_attention_heads=4,
                num_key_value_heads=2, num_hidden_layers=2, vocab_size=10, tie_word_embeddings=tied)
+    if ARCHS[arch].moe:  # mixture of experts: Qwen3-MoE's and Mixtral's names for the expert count and size
+        cfg.update(num_experts=4, num_local_experts=4, moe_intermediate_size=6, num_experts_per_tok=2)
     cfg.update(kw)
     return cfg
 

@@ -74,9 +74,9 @@ def _stop(proc) -> None:
     proc.wait(timeout=30)
 
 
-def test_workers_die_with_their_launcher(tiny_model, arith_data, tmp_path):
+def test_workers_die_with_their_launcher(tiny_model, arith_data, tmp_path, record):
     out = tmp_path / "run"
-    proc = _launch(tiny_overrides(tiny_model, arith_data, str(out)) + ["trainer.total_steps=200",
+    proc = _launch(tiny_overrides(tiny_model, arith_data, str(out)) + ["trainer.total_steps=100000",
                                                                        "trainer.export_hf=false"])
     try:
         _wait_for_step(proc, out)
@@ -90,6 +90,8 @@ def test_workers_die_with_their_launcher(tiny_model, arith_data, tmp_path):
         left = _living(run_pids)
         assert not left, f"{len(left)} processes of the run still alive {waited:.1f} s after kill -9 of torchrun"
         assert waited <= EXIT_BOUND_S, f"the run's processes took {waited:.1f} s to exit (bound {EXIT_BOUND_S} s)"
+        record(case="kill -9 of the torchrun process", sees="each worker: 'the launcher (pid N) is gone; stopping "
+               "worker ...', exit status 75", exit_s=round(waited, 1), left=len(left))
         rows = len((out / "metrics.jsonl").read_text().splitlines())
         time.sleep(2.0)
         assert len((out / "metrics.jsonl").read_text().splitlines()) == rows  # nothing writes any more
@@ -97,9 +99,9 @@ def test_workers_die_with_their_launcher(tiny_model, arith_data, tmp_path):
         _stop(proc)
 
 
-def test_second_run_on_a_live_output_folder_is_refused(tiny_model, arith_data, tmp_path):
+def test_second_run_on_a_live_output_folder_is_refused(tiny_model, arith_data, tmp_path, record):
     out = tmp_path / "run"
-    first = _launch(tiny_overrides(tiny_model, arith_data, str(out)) + ["trainer.total_steps=200",
+    first = _launch(tiny_overrides(tiny_model, arith_data, str(out)) + ["trainer.total_steps=100000",
                                                                         "trainer.export_hf=false"])
     try:
         _wait_for_step(first, out)
@@ -112,24 +114,29 @@ def test_second_run_on_a_live_output_folder_is_refused(tiny_model, arith_data, t
         assert f"{out} is in use by another training run" in msg, msg[-3000:]
         assert f"pid {holder['pid']}" in msg and "trainer.output_dir" in msg
         assert time.monotonic() - t0 < 300
+        record(case="a second run on the output folder of a live run",
+               sees="'<folder> is in use by another training run (host, pid, started ...)', exit status 2; the first "
+               "run goes on", exit_s=round(time.monotonic() - t0, 1), left=0)
         assert first.poll() is None  # the first run goes on
         assert (out / "metrics.jsonl").read_text().startswith(before)
     finally:
         _stop(first)
 
 
-def test_sigterm_saves_and_resume_continues(tiny_model, arith_data, tmp_path):
+def test_sigterm_saves_and_resume_continues(tiny_model, arith_data, tmp_path, record):
     """SIGTERM to torchrun (what a scheduler sends before it kills): the run finishes its step, saves, exits with
     status 80 (reported by torchrun for its workers), leaves no process behind; resume=auto continues from the
     saved step. save_every=0, so without the stop signal nothing would be saved before the end."""
     out = tmp_path / "run"
     common = tiny_overrides(tiny_model, arith_data, str(out)) + ["trainer.export_hf=false", "trainer.save_every=0"]
-    proc = _launch(common + ["trainer.total_steps=200"])
+    proc = _launch(common + ["trainer.total_steps=100000"])
     try:
         _wait_for_step(proc, out)
         run_pids = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
         os.kill(proc.pid, signal.SIGTERM)  # torchrun passes it on to every worker's process group
+        t0 = time.monotonic()
         proc.wait(timeout=120)
+        exit_s = time.monotonic() - t0
         deadline = time.monotonic() + EXIT_BOUND_S
         while _living(run_pids) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -139,8 +146,48 @@ def test_sigterm_saves_and_resume_continues(tiny_model, arith_data, tmp_path):
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         assert saved >= 1 and rows[-1]["step"] == saved  # the checkpoint is of the last logged step
         assert not list((out / "checkpoints").glob("*.tmp"))
+        record(case="SIGTERM to torchrun (preemption)", sees="'received SIGTERM: the run stops at the end of this "
+               "step ...', then 'stopped by SIGTERM after step k; checkpoint ...'; status 80; resume=auto continues",
+               exit_s=round(exit_s, 1), left=len(_living(run_pids)))
     finally:
         _stop(proc)
     run_train(2, common + [f"trainer.total_steps={saved + 1}", "trainer.resume=auto"], timeout=600)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, saved + 2))
+
+
+def test_engine_death_is_one_line_and_leaves_nothing(tiny_model, arith_data, tmp_path, record):
+    """The SGLang scheduler killed mid-run: every rank stops (no rank waits for samples that never come), rank 0
+    says once which step failed, why, and where the last checkpoint is; no process of the run is left."""
+    out = tmp_path / "run"
+    log_path = tmp_path / "run.log"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+           str(free_port()), str(ROOT / "tools" / "train_ppo.py"),
+           *tiny_overrides(tiny_model, arith_data, str(out)), "trainer.total_steps=100000", "trainer.export_hf=false",
+           "trainer.save_every=1"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_for_step(proc, out)
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        run_pids = [c.pid for c in tree]
+        scheduler = [c for c in tree if "sglang::scheduler" in " ".join(c.cmdline())]
+        assert scheduler, [c.cmdline()[:2] for c in tree]
+        scheduler[0].kill()
+        t0 = time.monotonic()
+        proc.wait(timeout=120)
+        exit_s = time.monotonic() - t0
+        deadline = time.monotonic() + EXIT_BOUND_S
+        while _living(run_pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _living(run_pids)
+        text = log_path.read_text()
+        lines = [line for line in text.splitlines() if "the rollout engine failed in step" in line]
+        assert len(lines) == 1, text[-4000:]
+        assert "Last checkpoint:" in lines[0] and "trainer.resume=auto" in lines[0]
+        record(case="the SGLang scheduler process killed mid-run", sees="once, from rank 0: 'the rollout engine "
+               "failed in step k: ... Last checkpoint: ...; continue with trainer.resume=auto'", exit_s=round(exit_s, 1),
+               left=len(_living(run_pids)))
+    finally:
+        _stop(proc)
