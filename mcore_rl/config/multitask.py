@@ -21,6 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, fields
 
+from omegaconf import MISSING
+
 from mcore_rl.config.data import DataConfig, PreferenceDataConfig, _FileDataConfig
 from mcore_rl.config.reward import RewardConfig
 from mcore_rl.config.rl import AlgorithmConfig
@@ -94,8 +96,7 @@ class TaskConfig:
     """Prompts (rl) or preference pairs (dpo) drawn per step, over all data-parallel ranks."""
     clip_grad: float = 1.0
     """This task's gradient norm is clipped to this before the tasks are combined (0 disables)."""
-    data: TaskDataConfig = field(
-        default_factory=lambda: TaskDataConfig(train_files=["<set tasks[i].data.train_files>"]))
+    data: TaskDataConfig = field(default_factory=TaskDataConfig)
     """The task's dataset: prompts (rl) or (prompt, chosen, rejected) rows (dpo)."""
     algorithm: AlgorithmConfig | None = None
     """rl tasks: the whole algorithm config (estimator, samples per prompt, KL in reward, DAPO filters ...), as
@@ -116,7 +117,7 @@ class TaskConfig:
             raise ValueError(f"task {self.name}: batch_size must be >= 1, got {self.batch_size}")
         if self.clip_grad < 0:
             raise ValueError(f"task {self.name}: clip_grad must be >= 0 (0 disables), got {self.clip_grad}")
-        if self.data.train_files == ["<set tasks[i].data.train_files>"]:
+        if self.data.train_files == MISSING:
             raise ValueError(f"task {self.name}: set data.train_files")
         if not self.is_rl and (self.algorithm is not None or self.reward is not None):
             raise ValueError(f"task {self.name}: a dpo task has no algorithm or reward; remove them (its loss is set "

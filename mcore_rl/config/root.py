@@ -67,7 +67,7 @@ class RLConfig:
     """How the actor's weights reach the rollout engine after each update (transport, layout, bucket size)."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     """The RL algorithm of the single task, and of every rl task in `tasks` that leaves its own out."""
-    data: DataConfig = field(default_factory=lambda: DataConfig(train_files=["<set data.train_files>"]))
+    data: DataConfig = field(default_factory=DataConfig)
     """Prompts of the single task. With `tasks`, each task names its own data and this node is not read."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """The reward of the single task, and of every rl task in `tasks` that leaves its own out."""

@@ -76,3 +76,14 @@ def test_optimizer_fields_settable_from_yaml():
                   "actor.grad_reduce_in_fp32=false", "critic.lr_decay_style=cosine")
     assert cfg.actor.lr_warmup_init == 1e-7 and not cfg.actor.use_distributed_optimizer
     assert not cfg.actor.grad_reduce_in_fp32 and cfg.critic.lr_decay_steps is None
+
+
+@pytest.mark.parametrize("override, key", [("model=hf", "model.path"), ("data.train_files=???", "data.train_files"),
+                                           ("tasks.0.data.train_files=???", "tasks[0].data.train_files")])
+def test_required_fields_are_named_when_missing(override, key):
+    from omegaconf.errors import MissingMandatoryValue
+
+    extra = ["experiment=multitask_grpo_dpo"] if override.startswith("tasks") else []
+    with pytest.raises(MissingMandatoryValue) as e:
+        compose(*extra, override)
+    assert key in str(e.value)
