@@ -108,8 +108,7 @@ class PreferenceTask:
         seqs = pair_sequences([items[i] for i in shard(len(items), ctx.dp_rank, ctx.dp_size)])
         mbs = rl.micro_batches(actor, seqs, self.cfg.actor.forward_tokens_per_micro_batch, keep_together=2)
         seqs = seqs.with_fields(ref_logprobs=rl.gather_tokens(ctx.ref.compute_logprobs(mbs), mbs, "logprobs"))
-        counts = count(rl.micro_batches(actor, seqs, self.cfg.actor.max_tokens_per_micro_batch, keep_together=2),
-                       actor.device, ctx.dp_group)
+        counts = count(mbs, actor.device, ctx.dp_group)  # sums over the sequences: any micro batching gives them
         tokens = int(counts.num_tokens)
         return PreferenceBatch(seqs, tokens), {"response_length/mean": float(counts.num_tokens / counts.num_seqs)}
 

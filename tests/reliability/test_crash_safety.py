@@ -60,6 +60,13 @@ def _living(pids) -> list[int]:
     return alive
 
 
+def _wait_until_gone(pids, bound_s: float) -> None:
+    """Until none of `pids` lives or bound_s has passed (the caller asserts which)."""
+    deadline = time.monotonic() + bound_s
+    while _living(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 def _stop(proc) -> None:
     """Tear a launched run down whatever state it is in (test cleanup)."""
     try:
@@ -84,8 +91,7 @@ def test_workers_die_with_their_launcher(tiny_model, arith_data, tmp_path, recor
         assert len(run_pids) >= 4, run_pids  # 2 workers, each with SGLang processes on rank 0 at least
         os.kill(proc.pid, signal.SIGKILL)
         killed = time.monotonic()
-        while _living(run_pids) and time.monotonic() - killed < 3 * EXIT_BOUND_S:
-            time.sleep(0.2)
+        _wait_until_gone(run_pids, 3 * EXIT_BOUND_S)
         waited = time.monotonic() - killed
         left = _living(run_pids)
         assert not left, f"{len(left)} processes of the run still alive {waited:.1f} s after kill -9 of torchrun"
@@ -137,9 +143,7 @@ def test_sigterm_saves_and_resume_continues(tiny_model, arith_data, tmp_path, re
         t0 = time.monotonic()
         proc.wait(timeout=120)
         exit_s = time.monotonic() - t0
-        deadline = time.monotonic() + EXIT_BOUND_S
-        while _living(run_pids) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        _wait_until_gone(run_pids, EXIT_BOUND_S)
         assert not _living(run_pids)
         latest = (out / "checkpoints" / "latest").read_text().strip()
         saved = int(latest.split("_")[1])
@@ -178,16 +182,14 @@ def test_engine_death_is_one_line_and_leaves_nothing(tiny_model, arith_data, tmp
         t0 = time.monotonic()
         proc.wait(timeout=120)
         exit_s = time.monotonic() - t0
-        deadline = time.monotonic() + EXIT_BOUND_S
-        while _living(run_pids) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        _wait_until_gone(run_pids, EXIT_BOUND_S)
         assert not _living(run_pids)
         text = log_path.read_text()
         lines = [line for line in text.splitlines() if "the rollout engine failed in step" in line]
         assert len(lines) == 1, text[-4000:]
         assert "Last checkpoint:" in lines[0] and "trainer.resume=auto" in lines[0]
         record(case="the SGLang scheduler process killed mid-run", sees="once, from rank 0: 'the rollout engine "
-               "failed in step k: ... Last checkpoint: ...; continue with trainer.resume=auto'", exit_s=round(exit_s, 1),
-               left=len(_living(run_pids)))
+               "failed in step k: ... Last checkpoint: ...; continue with trainer.resume=auto'",
+               exit_s=round(exit_s, 1), left=len(_living(run_pids)))
     finally:
         _stop(proc)
