@@ -10,20 +10,23 @@ import time
 import torch
 
 def model_folder(name: str, scratch: str) -> str:
-    """`tiny` (random qwen2, vocab 512, written to scratch), `smollm2` (SmolLM2-135M, cached) or an HF folder."""
-    if name == "tiny":
+    """`tiny` (random qwen2, vocab 512, written to scratch), `tiny-moe` (random qwen3_moe: 4 experts, top-2),
+    `smollm2` (SmolLM2-135M, cached) or an HF folder."""
+    if name in ("tiny", "tiny-moe"):
         from mcore_rl.testing import make_tiny_hf_model
 
-        path = os.path.join(scratch, "tiny_qwen2")
+        arch = "qwen2" if name == "tiny" else "qwen3_moe"
+        path = os.path.join(scratch, f"tiny_{arch}")
         if not os.path.isfile(os.path.join(path, "config.json")):
-            make_tiny_hf_model(path, arch="qwen2", seed=0)
+            make_tiny_hf_model(path, arch=arch, seed=0)
         return path
     if name == "smollm2":
         from mcore_rl.models.smollm2 import ensure_hf_folder
 
         return str(ensure_hf_folder())
     if not os.path.isfile(os.path.join(name, "config.json")):
-        raise ValueError(f"--model {name!r} is neither 'tiny', 'smollm2' nor an HF folder with config.json")
+        raise ValueError(f"--model {name!r} is neither 'tiny', 'tiny-moe', 'smollm2' nor an HF folder with "
+                         "config.json")
     return name
 
 

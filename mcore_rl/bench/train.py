@@ -30,18 +30,34 @@ QWEN2_5_7B = dict(QWEN2_5_0_5B, hidden_size=3584, intermediate_size=18944, num_h
                   num_attention_heads=28, num_key_value_heads=4, vocab_size=152064)
 TINY = dict(QWEN2_5_0_5B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=512)
+# Qwen3-30B-A3B's layer shapes (hidden 2048, 32 query / 4 KV heads of 128, expert FFN 768, top-8 routing,
+# vocabulary 151936) scaled to fit one GPU twice (ours and the raw loop side by side): 8 layers instead of 48, 32
+# experts instead of 128. 1.98B parameters, 1.07B active per token (0.45B without the output layer).
+QWEN3_MOE_2B = dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_size=2048,
+                    intermediate_size=6144, moe_intermediate_size=768, num_experts=32, num_experts_per_tok=8,
+                    norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], num_hidden_layers=8,
+                    num_attention_heads=32, num_key_value_heads=4, head_dim=128, vocab_size=151936,
+                    max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                    tie_word_embeddings=False, hidden_act="silu")
+TINY_MOE = dict(QWEN3_MOE_2B, hidden_size=64, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512)
 MODELS = {"qwen2.5-0.5b": QWEN2_5_0_5B, "qwen2.5-1.5b": QWEN2_5_1_5B, "qwen2.5-3b": QWEN2_5_3B,
-          "qwen2.5-7b": QWEN2_5_7B, "tiny": TINY}
+          "qwen2.5-7b": QWEN2_5_7B, "tiny": TINY, "qwen3-moe-2b": QWEN3_MOE_2B, "tiny-moe": TINY_MOE}
 
 
 def flops_per_token(hf: dict, seq_len: int) -> float:
+    """Training FLOPs per token: 6 x the parameters a token passes through (for an MoE: the router and its top-k
+    experts only, the active parameters) + attention's 12 L h s."""
     h, L, v = hf["hidden_size"], hf["num_hidden_layers"], hf["vocab_size"]
     heads, kv = hf["num_attention_heads"], hf["num_key_value_heads"]
-    hd = h // heads
+    hd = hf.get("head_dim") or h // heads
     attn = h * (heads * hd) + 2 * h * (kv * hd) + (heads * hd) * h
-    mlp = 3 * h * hf["intermediate_size"]
+    if hf.get("num_experts"):
+        mlp = h * hf["num_experts"] + hf["num_experts_per_tok"] * 3 * h * hf["moe_intermediate_size"]
+    else:
+        mlp = 3 * h * hf["intermediate_size"]
     n = L * (attn + mlp) + h * v  # the LM head matmul counts; the embedding lookup does not
-    return 6 * n + 12 * L * h * seq_len
+    return 6 * n + 12 * L * (heads * hd) * seq_len
 
 
 def _seqs(lengths, vocab, seed):
