@@ -26,6 +26,10 @@ class Sample:
     # task-specific fields carried from the dataset row (answer, target numbers, ...)
     meta: dict[str, Any] = field(default_factory=dict)
     reward: float | None = None
+    routed_experts: Any = None
+    """Mixture-of-experts rollouts with rollout.return_routed_experts: a torch integer tensor [P + R - 1,
+    num_layers, topk], the experts the engine routed token j of prompt + response to in each layer, for every
+    token it ran forward (all but the last); None otherwise."""
 
     @property
     def num_tokens(self) -> int:

@@ -29,12 +29,13 @@ tensors in the same order, so an engine tensor is a view over the region its HF 
 (plus zeroed padding rows): the engine layout costs no extra copy.
 
 Mixture-of-experts layers: an expert's matrices live on one expert-parallel (EP) rank, split over its expert
-tensor-parallel group. Per expert parameter, the holders all-gather it over that group, then the holder broadcasts
-the HF tensors over the EP group, so afterwards every rank of the owning stage has them, as for a dense parameter
-after its TP all-gather; the rest is the same. EP (and expert-TP) groups cut across the data-parallel replicas of
-the dense layers, so with parallel.ep > 1 (or parallel.etp != parallel.tp) every rank of the owning stage joins
-these collectives, also for destination=r. Memory
-stays one bucket plus one expert parameter.
+tensor-parallel group. Per expert parameter, the holders all-gather it over that group; then, per bucket, each run
+of consecutive expert items held by one EP rank goes to every rank of the owning stage in one broadcast over the EP
+group, straight into the bucket's flat buffer (_broadcast_experts), so afterwards they have them, as for a dense
+parameter after its TP all-gather; the rest is the same. EP (and expert-TP) groups cut across the data-parallel
+replicas of the dense layers, so with parallel.ep > 1 (or parallel.etp != parallel.tp) every rank of the owning
+stage joins these collectives, also for destination=r. Memory stays one bucket plus one expert parameter on the
+ranks that keep the bucket; the others of the owning stage receive a run into scratch (at most one bucket).
 
 Bucket bound: buckets are cut at `bucket_bytes` (bytes of the yielded tensors in the export dtype) and at changes of
 the owning stage. The unit is one Megatron parameter (fused q/k/v or gate/up stay together); a parameter bigger
@@ -303,7 +304,11 @@ class HFWeightExporter:
             flat = {d: torch.empty(n, dtype=d, device=self._device()) for d, n in bp.numel.items()}
             views, outs, pads = self._views(bp, flat)
         if owns:
+            # experts first (EP > 1): a few broadcasts for the whole bucket, straight into the flat buffers
+            done = self._broadcast_experts(bp, flat if keeps else None)
             for item in bp.items:
+                if item.index in done:
+                    continue
                 tensors = self._gather(item)  # collective over the TP group: every owner-stage rank joins
                 if keeps:
                     for view, tensor in zip(views[item.index], tensors):
@@ -342,7 +347,7 @@ class HFWeightExporter:
 
     def _gather(self, item: PlanItem) -> list[torch.Tensor]:
         """HF tensors of one item from this TP group's shards (collective over the TP group unless replicated).
-        An expert's: gathered over the expert-TP group by its holders, then broadcast over the EP group."""
+        An expert's at EP = 1: gathered over the expert-TP group (EP > 1: _broadcast_experts)."""
         if item.expert is not None:
             return self._gather_expert(item)
         local = self._params[item.index].detach().to(item.dtype)
@@ -353,23 +358,49 @@ class HFWeightExporter:
         return from_shards(item.kind, shards, self.dims)
 
     def _gather_expert(self, item: PlanItem) -> list[torch.Tensor]:
-        if self.ep_rank == item.ep_owner:
-            local = self._params[item.index].detach().to(item.dtype)
-            if self.etp == 1:
-                tensors = from_shards(item.kind, [local], self.dims)
+        """The HF tensors of an expert this EP rank holds (all-gathered over the expert-TP group)."""
+        local = self._params[item.index].detach().to(item.dtype)
+        if self.etp == 1:
+            return from_shards(item.kind, [local], self.dims)
+        shards = [torch.empty_like(local) for _ in range(self.etp)]
+        dist.all_gather(shards, local.contiguous(), group=self._etp_group)
+        return from_shards(item.kind, shards, self.dims)
+
+    def _broadcast_experts(self, bp: BucketPlan, flat: dict | None) -> set[int]:
+        """EP > 1: every expert item of the bucket reaches every rank of the owning stage, in one broadcast over the
+        EP group per run of consecutive items held by one EP rank (a layer's experts are consecutive, so a bucket
+        holding a whole layer takes 2 x EP broadcasts instead of one per expert matrix). Each run is one slice of a
+        flat buffer (an expert's region is its HF tensors back to back, no padding): ranks that keep the bucket
+        receive straight into it; the others into a scratch buffer of the run's size. Returns the items done.
+
+        Not one collective for the whole bucket: the holders' shares differ in size and sit in several runs, so an
+        all_gather would pad every share to the largest and a gather-to-one would move the bucket twice."""
+        if self.ep == 1:
+            return set()
+        offsets: dict = {}
+        runs: list[list] = []  # [ep owner, dtype, start, end, items]: the same on every rank (from the plan)
+        for it in bp.items:
+            start = offsets.get(it.dtype, 0)
+            offsets[it.dtype] = start + it.numel
+            if it.expert is None:
+                continue
+            last = runs[-1] if runs else None
+            if last is not None and (last[0], last[1], last[3]) == (it.ep_owner, it.dtype, start):
+                last[3] = start + it.numel
+                last[4].append(it)
             else:
-                shards = [torch.empty_like(local) for _ in range(self.etp)]
-                dist.all_gather(shards, local.contiguous(), group=self._etp_group)
-                tensors = from_shards(item.kind, shards, self.dims)
-            if self.ep == 1:
-                return tensors
-            tensors = [t.contiguous() for t in tensors]
-        else:
-            tensors = [torch.empty(shape, dtype=item.dtype, device=self._device()) for shape in item.shapes]
-        src = dist.get_global_rank(self._ep_group, item.ep_owner)
-        for t in tensors:
-            dist.broadcast(t, src=src, group=self._ep_group)
-        return tensors
+                runs.append([it.ep_owner, it.dtype, start, start + it.numel, [it]])
+        for owner, dtype, start, end, items in runs:
+            region = flat[dtype][start:end] if flat is not None else torch.empty(end - start, dtype=dtype,
+                                                                                   device=self._device())
+            if self.ep_rank == owner:
+                off = 0
+                for it in items:
+                    for t in self._gather_expert(it):
+                        region[off:off + t.numel()].view(t.shape).copy_(t)
+                        off += t.numel()
+            dist.broadcast(region, src=dist.get_global_rank(self._ep_group, owner), group=self._ep_group)
+        return {it.index for run in runs for it in run[4]}
 
 
 def measure_export_seconds_per_gb(exporter: HFWeightExporter, repeats: int = 1) -> dict:

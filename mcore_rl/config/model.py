@@ -65,6 +65,13 @@ class ModelConfig:
     moe_z_loss_coeff: float = 0.0
     """Mixture-of-experts models only: weight of the router z-loss (ST-MoE, mean squared logsumexp of the router
     logits; Megatron's moe_z_loss_coeff), which keeps router logits small. 0 turns it off (1e-3 is a usual value)."""
+    moe_routing_replay: bool = False
+    """Mixture-of-experts models only (a ValueError for dense ones): rollout routing replay (R3). The rollout
+    engine returns, for every token it ran forward, the experts each layer routed it to, and the trainer's
+    forward passes of the actor and the reference (old, reference and current log-probs, activation recompute
+    included) use those experts instead of their own top-k; the router's weights over them still come from the
+    trainer's logits. Removes the routing part of the rollout/trainer log-prob gap. Sequences without rollout
+    routes (dpo tasks) and the critic route by themselves. Off: nothing changes. See docs/moe.md."""
     moe_token_dispatcher: str = "alltoall"
     """Mixture-of-experts models only: how tokens reach the experts of other expert-parallel ranks. alltoall
     (all-to-all of the routed tokens; works on gloo and NCCL and with pipeline parallelism) or allgather (every

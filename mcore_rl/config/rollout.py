@@ -70,6 +70,11 @@ class RolloutConfig:
     """Server mode: port of the launched server; None picks a free one."""
     log_level: str = "warning"
     """SGLang's log level (debug, info, warning, error); info shows where a slow start or a stuck request is."""
+    return_routed_experts: bool = False
+    """Mixture-of-experts models: start SGLang with enable_return_routed_experts and return, with every sample,
+    the experts each layer routed each token to (Sample.routed_experts). Set by the trainer from
+    model.moe_routing_replay; an attached server (server_url) must have been launched with
+    --enable-return-routed-experts."""
     extra_args: dict[str, Any] = field(default_factory=dict)
     """Further sglang ServerArgs fields passed as they are (e.g. cuda_graph_max_bs, chunked_prefill_size)."""
 

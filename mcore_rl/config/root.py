@@ -91,6 +91,8 @@ class RLConfig:
             elif not self.ref.enabled:
                 raise ValueError(f"{where}dpo compares the actor with the reference; set ref.enabled=true")
         self._check_weight_sync_layout()
+        # One switch: routing replay needs the engine's routes (model.moe_routing_replay's docstring).
+        self.rollout.return_routed_experts = self.rollout.return_routed_experts or self.model.moe_routing_replay
         needs_ref = self.actor.kl_loss_coef > 0 or self.multitask.kl_target is not None
         if needs_ref and not self.ref.enabled:
             raise ValueError("actor.kl_loss_coef > 0 or multitask.kl_target is set, but ref.enabled=false: enable "

@@ -1,8 +1,9 @@
 """Micro batches for the engine: variable-length sequences split by a token budget, then padded or packed.
 
-A sequence is a dict of 1-D tensors of one length L: "input_ids" (prompt + response token ids) plus any per-token
-fields the loss function needs ("loss_mask", "advantages", "old_logprobs", ...), all aligned with input_ids
-(entry i belongs to token i). `make_micro_batches` groups sequences into micro batches of at most `max_tokens`
+A sequence is a dict of tensors of one length L: "input_ids" (prompt + response token ids, 1-D) plus any per-token
+fields the loss function or the model needs ("loss_mask", "advantages", "old_logprobs", ...; "routed_experts"
+[L, num_layers, topk] for routing replay), all aligned with input_ids along their first dimension (entry i belongs
+to token i). `make_micro_batches` groups sequences into micro batches of at most `max_tokens`
 tokens (first-fit-decreasing into balanced bins) and lays each out either
 
 * padded: `[b, s]`, s = the longest sequence of the micro batch, right-padded (causal attention never looks at
@@ -36,7 +37,8 @@ class MicroBatch:
     indices: list[int]
     """Position of each of those sequences in the list given to make_micro_batches."""
     fields: dict[str, Tensor] = field(default_factory=dict)
-    """Per-token fields of the sequences in the same layout as input_ids (padding filled with 0)."""
+    """Per-token fields of the sequences in the same layout as input_ids, plus their own trailing dimensions
+    (padding filled with 0)."""
     packed_seq_params: object | None = None
     """megatron.core.packed_seq_params.PackedSeqParams for packed micro batches, else None."""
     seq_starts: list[int] = field(default_factory=list)
@@ -75,10 +77,13 @@ def _lengths(sequences: Sequence[dict[str, Tensor]]) -> list[int]:
         n = seq["input_ids"].numel()
         if n == 0:
             raise ValueError(f"sequence {i} is empty")
+        if seq["input_ids"].dim() != 1:
+            raise ValueError(f"sequence {i}: input_ids has shape {tuple(seq['input_ids'].shape)}, expected 1-D")
         for key, value in seq.items():
-            if value.dim() != 1 or value.numel() != n:
+            if value.dim() < 1 or value.size(0) != n:
                 raise ValueError(
-                    f"sequence {i}: field {key!r} has shape {tuple(value.shape)}, expected ({n},) like input_ids"
+                    f"sequence {i}: field {key!r} has shape {tuple(value.shape)}, expected ({n},) like input_ids "
+                    f"(or ({n}, ...): one entry per token, with dimensions of its own)"
                 )
         lengths.append(n)
     return lengths
@@ -149,7 +154,7 @@ def pad_sequences(sequences: Sequence[dict[str, Tensor]], indices: Sequence[int]
     ids = torch.full((b, s), pad_id, dtype=torch.long)
     pos = torch.zeros((b, s), dtype=torch.long)
     valid = torch.zeros((b, s), dtype=torch.bool)
-    fields = {k: torch.zeros((b, s), dtype=v.dtype) for k, v in chosen[0].items() if k != "input_ids"}
+    fields = {k: torch.zeros((b, s, *v.shape[1:]), dtype=v.dtype) for k, v in chosen[0].items() if k != "input_ids"}
     for row, (seq, n) in enumerate(zip(chosen, lengths)):
         ids[row, :n] = seq["input_ids"]
         pos[row, :n] = torch.arange(n)
@@ -185,7 +190,7 @@ def pack_sequences(sequences: Sequence[dict[str, Tensor]], indices: Sequence[int
     for k, v in chosen[0].items():
         if k == "input_ids":
             continue
-        f = torch.zeros((1, t), dtype=v.dtype)
+        f = torch.zeros((1, t, *v.shape[1:]), dtype=v.dtype)
         f[0, :total] = torch.cat([s[k] for s in chosen])
         fields[k] = f
     bounds = starts + ([t] if t > total else [])
@@ -209,7 +214,7 @@ def pad_micro_batch(mb: MicroBatch, length: int, rows: int = 1, pad_id: int = 0)
         raise ValueError("a packed micro batch has one row")
 
     def grow(t: Tensor, value) -> Tensor:
-        out = torch.full((rows, length), value, dtype=t.dtype, device=t.device)
+        out = torch.full((rows, length, *t.shape[2:]), value, dtype=t.dtype, device=t.device)
         out[:b, :s] = t
         return out
 

@@ -93,6 +93,8 @@ class TrainEngine:
         self.model_info = built.info
         """What forward_backward and the bridge need to know about the model (is_critic, vocab_size, lm_head)."""
         self.logit_rows = built.logit_rows
+        self.router_hooks = built.router_hooks
+        """MoE models: routing replay and router statistics (models/moe.RouterHooks); None for dense models."""
         self.config = self.model_chunks[0].config
         self.device = next(self.model_chunks[0].parameters()).device
         self.pp_size = parallel_state.get_pipeline_model_parallel_world_size()
@@ -130,8 +132,9 @@ class TrainEngine:
         if not forward_only and self.optimizer is None:
             raise ValueError("this engine was built without an optimizer (optim=None): use forward_only=True")
         return forward_backward(self.chunks, micro_batches, loss_fn, info=self.model_info,
-                                logit_rows=self.logit_rows, forward_only=forward_only,
-                                normalizer=normalizer, temperature=temperature, with_entropy=with_entropy,
+                                logit_rows=self.logit_rows, router_hooks=self.router_hooks,
+                                forward_only=forward_only, normalizer=normalizer, temperature=temperature,
+                                with_entropy=with_entropy,
                                 collect_outputs=collect_outputs, broadcast_outputs=broadcast_outputs)
 
     def compute_logprobs(self, micro_batches: Sequence[MicroBatch], *, temperature: float = 1.0,
@@ -152,6 +155,12 @@ class TrainEngine:
             raise ValueError("compute_values needs a critic (build the engine with value_head=True)")
         return self.forward_backward(micro_batches, None, forward_only=True, collect_outputs=True,
                                      broadcast_outputs=True).outputs
+
+    def moe_metrics(self) -> dict[str, float]:
+        """Router statistics of the training passes since the last call (moe/aux_loss, moe/z_loss,
+        moe/load_imbalance, moe/load_imbalance_max; docs/moe.md), then reset; {} for a dense model. Collective:
+        every rank calls it (once a step: one all-reduce and one host sync)."""
+        return {} if self.router_hooks is None else self.router_hooks.collect(self.device)
 
     # -- optimizer --------------------------------------------------------------------------------------
 
@@ -265,8 +274,8 @@ class TrainEngine:
         # The loss and metrics are read from the device after the optimizer step is queued, not before it: the
         # host then prepares the step while the backward pass still runs.
         fb = forward_backward(self.chunks, micro_batches, loss_fn, info=self.model_info, logit_rows=self.logit_rows,
-                              normalizer=normalizer, temperature=temperature, with_entropy=with_entropy,
-                              defer_scalars=True)
+                              router_hooks=self.router_hooks, normalizer=normalizer, temperature=temperature,
+                              with_entropy=with_entropy, defer_scalars=True)
         success, grad_norm, lr = self.optimizer_step()
         fb.resolve()
         return StepResult(fb.loss, fb.metrics, grad_norm, lr, success)

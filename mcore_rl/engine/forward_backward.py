@@ -24,6 +24,7 @@ same loss (the log-probs are already reduced over TP); they are not summed.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -40,6 +41,10 @@ from mcore_rl.models import lm_head
 
 if TYPE_CHECKING:
     from mcore_rl.models.builder import ModelInfo
+    from mcore_rl.models.moe import RouterHooks
+
+ROUTES = "routed_experts"
+"""Micro-batch field of per-token expert routes ([b, s, num_layers, topk]) that routing replay feeds the routers."""
 
 LossFn = Callable[[dict, MicroBatch], "tuple[torch.Tensor, dict[str, torch.Tensor]]"]
 
@@ -137,11 +142,13 @@ def forward_backward(chunks: Sequence, micro_batches: Sequence[MicroBatch], loss
                      info: ModelInfo, logit_rows: lm_head.LogitRows | None = None, forward_only: bool = False,
                      normalizer: float | torch.Tensor = 1.0, temperature: float = 1.0, with_entropy: bool = False,
                      collect_outputs: bool = False, broadcast_outputs: bool = False,
-                     defer_scalars: bool = False) -> ForwardBackwardResult:
+                     defer_scalars: bool = False, router_hooks: RouterHooks | None = None) -> ForwardBackwardResult:
     """Run the pipeline schedule over `micro_batches` on this rank's model chunks (DDP-wrapped or not).
 
-    info, logit_rows: the built model's (models/builder.BuiltModel). Without logit_rows the output layer runs at
-    every position, whatever info.lm_head says.
+    info, logit_rows, router_hooks: the built model's (models/builder.BuiltModel). Without logit_rows the output
+    layer runs at every position, whatever info.lm_head says. With router_hooks (MoE models), micro batches that
+    carry a "routed_experts" field are routed along those routes when the model replays routes
+    (model.moe_routing_replay), and training passes accumulate router statistics (RouterHooks.collect).
 
     Gradients accumulate into the DDP grad buffers (zero them before a new step: TrainEngine does). With
     forward_only, no graph is kept. Every rank of a pipeline / tensor-parallel group must pass the same micro
@@ -183,13 +190,14 @@ def forward_backward(chunks: Sequence, micro_batches: Sequence[MicroBatch], loss
         index, mb = next(data_iterator)
         # logits only where the loss mask reads them (models/lm_head.py)
         positions = logit_positions[index] if lm_head.selects_rows(unwrap(model), mode) else None
-        if positions is None:
+        with contextlib.ExitStack() as scope:
+            if positions is not None:
+                scope.enter_context(logit_rows.selecting(positions[0]))
+            if router_hooks is not None:
+                scope.enter_context(router_hooks.micro_batch(mb.fields.get(ROUTES), mb.valid_mask,
+                                                             measure=not forward_only))
             output = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None,
                            packed_seq_params=mb.packed_seq_params)
-        else:
-            with logit_rows.selecting(positions[0]):
-                output = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None,
-                               packed_seq_params=mb.packed_seq_params)
         return output, partial(loss_func, index, mb, positions)
 
     caller_shapes = [mb.input_ids.shape for mb in micro_batches]
@@ -211,6 +219,8 @@ def forward_backward(chunks: Sequence, micro_batches: Sequence[MicroBatch], loss
     iterators = [iter(list(enumerate(micro_batches))) for _ in chunks]
     for c in chunks:
         c.train(not forward_only)
+    if router_hooks is not None:
+        router_hooks.begin_pass()
     with torch.no_grad() if forward_only else torch.enable_grad():
         get_forward_backward_func()(
             forward_step_func=forward_step,
@@ -221,6 +231,8 @@ def forward_backward(chunks: Sequence, micro_batches: Sequence[MicroBatch], loss
             micro_batch_size=max(mb.input_ids.size(0) for mb in micro_batches),
             forward_only=forward_only,
         )
+    if router_hooks is not None:
+        router_hooks.end_pass()
     pending = _sum_scalars(losses, metric_values, device)
     loss, metrics = (float("nan"), {}) if defer_scalars else _share_scalars(*pending)
     if collect_outputs and broadcast_outputs:

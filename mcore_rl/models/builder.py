@@ -53,6 +53,8 @@ class BuiltModel:
     info: ModelInfo
     logit_rows: lm_head.LogitRows
     """Set by the engine around each forward call; read by the output layers' hooks (lm_head.install)."""
+    router_hooks: moe.RouterHooks | None = None
+    """Mixture-of-experts models: routing replay and router statistics, driven by the engine (models/moe.py)."""
 
 
 def te_available() -> bool:
@@ -281,6 +283,8 @@ def build_model(
     cfg = transformer_config(hf, model_cfg, parallel)
     if cfg.num_moe_experts:
         moe.define_missing_te_names()
+    if value_head:  # the critic is another network: the policy's routes are not its routing decisions
+        cfg.moe_enable_routing_replay = False
     spec = layer_spec(cfg, use_te(model_cfg), sliding_window(hf), model_cfg.packed_attention)  # MoE: from cfg
     # packed micro batches: RoPE in one call per layer, no host sync (models/rope.py)
     rope.install(model_cfg.packed_rope, model_cfg.compile_rope)
@@ -317,4 +321,5 @@ def build_model(
         if lm_head.selects_rows(model, info.lm_head):
             lm_head.install(model, logit_rows)
         chunks.append(model)
-    return BuiltModel(chunks, info, logit_rows)
+    hooks = moe.RouterHooks(chunks, cfg) if cfg.num_moe_experts else None
+    return BuiltModel(chunks, info, logit_rows, hooks)

@@ -27,6 +27,11 @@ Which code runs where (megatron-core 0.16.1):
 
 from __future__ import annotations
 
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
 from mcore_rl.config.model import ModelConfig
 from mcore_rl.config.parallel import ParallelConfig
 from mcore_rl.models.arch import ArchSpec
@@ -93,6 +98,18 @@ def validate_experts(hf: dict, parallel: ParallelConfig) -> None:
             f"the number of experts ({experts}) is not divisible by parallel.ep ({parallel.ep}); every "
             f"expert-parallel rank holds the same number of experts: use a parallel.ep that divides {experts}"
         )
+    etp = parallel.etp or parallel.tp
+    if parallel.ep == 1 and etp != parallel.tp:
+        # Megatron-Core 0.16.1 marks expert weights as expert-parallel (allreduce=False: reduced and broadcast over
+        # the expert-data-parallel group) only when expert_model_parallel_size > 1. At ep=1 they are reduced and
+        # broadcast over the dense data-parallel group, whose ranks hold other expert-TP shards: DDP's start-up
+        # broadcast overwrites them and their gradients are summed with the wrong shards (seen at etp=2, tp=1:
+        # grad norm 3.96 instead of 3.53).
+        raise ValueError(
+            f"parallel.etp ({etp}) differs from parallel.tp ({parallel.tp}) at parallel.ep=1, which Megatron-Core "
+            "does not train correctly (expert shards are then reduced with the dense data-parallel ranks); set "
+            "parallel.etp=null (the same as parallel.tp) or split the experts with parallel.ep > 1 as well"
+        )
 
 
 def grouped_gemm(model_cfg: ModelConfig, te: bool) -> bool:
@@ -111,6 +128,9 @@ def moe_fields(hf: dict, arch: ArchSpec, model_cfg: ModelConfig, parallel: Paral
         if parallel.ep > 1:
             raise ValueError(f"parallel.ep ({parallel.ep}) > 1 needs a mixture-of-experts model; "
                              f"{arch.hf_class} is dense: set parallel.ep=1")
+        if model_cfg.moe_routing_replay:
+            raise ValueError(f"model.moe_routing_replay=true replays mixture-of-experts routes, but {arch.hf_class} "
+                             "is dense (no routers): set model.moe_routing_replay=false")
         return {}
     refuse_unsupported(hf, arch)
     validate_experts(hf, parallel)
@@ -140,4 +160,160 @@ def moe_fields(hf: dict, arch: ArchSpec, model_cfg: ModelConfig, parallel: Paral
         moe_token_dispatcher_type=model_cfg.moe_token_dispatcher,
         expert_model_parallel_size=parallel.ep,
         expert_tensor_parallel_size=parallel.etp or parallel.tp,
+        # Routers get a RouterReplay only when asked: without one, routing is Megatron's own code path unchanged.
+        moe_enable_routing_replay=model_cfg.moe_routing_replay,
     )
+
+
+# ---- routing replay and router statistics ------------------------------------------------------------------------
+
+class RouterHooks:
+    """Hooks on every MoE router of one model's chunks, driven by the engine around each micro batch's forward call.
+
+    Routing replay (ModelConfig.moe_routing_replay): the routes a micro batch carries (field "routed_experts",
+    [b, s, num_layers, topk] expert ids, e.g. the ones the rollout engine used) replace the router's own top-k
+    through Megatron's RouterReplay (TransformerConfig.moe_enable_routing_replay): REPLAY_FORWARD gathers the
+    router's scores at the given experts, so the k weights still come from this model's logits and get gradients.
+    Activation recompute (model.recompute=full) re-runs the router in backward, outside any micro batch's forward
+    call; RouterReplay then pops the routes in the order the forwards pushed them (REPLAY_BACKWARD), which is the
+    order Megatron's schedules run each chunk's backwards in. Megatron's own global instance list is not used: it
+    holds the routers of every model of the process (actor and reference), these hooks only this model's.
+
+    Router statistics (training passes only, `measure`): per layer, Megatron's Switch load-balancing loss of each
+    micro batch over its real tokens, the token-summed z-loss, and tokens dispatched per expert, accumulated on
+    the device; `collect` reduces them once (over data- and pipeline-parallel ranks) and reads them to the host.
+    """
+
+    def __init__(self, chunks, config):
+        from megatron.core.transformer.moe.router import TopKRouter
+
+        self.routers = [m for c in chunks for m in c.modules() if isinstance(m, TopKRouter)]
+        self.num_layers = config.num_layers
+        self.num_experts = config.num_moe_experts
+        self.topk = config.moe_router_topk
+        self.sequence_parallel = bool(config.sequence_parallel)
+        self.replay = bool(config.moe_enable_routing_replay)
+        self._inside = False  # in a micro batch's forward call (not in a backward recompute)
+        self._measure = False
+        self._routes: torch.Tensor | None = None  # [N, L, K] int64, router token order (s-major, then b)
+        self._valid: torch.Tensor | None = None  # [N] float, 1 on real tokens
+        self._stats: torch.Tensor | None = None  # [L, 4 + E] float64: see _after_router
+        for router in self.routers:
+            router.register_forward_pre_hook(self._before_router)
+            router.register_forward_hook(self._after_router)
+
+    # -- around the schedule ---------------------------------------------------------------------------------
+    def begin_pass(self) -> None:
+        """Forget any routes left by a pass that failed part-way."""
+        for router in self.routers:
+            if router.router_replay is not None:
+                router.router_replay.clear_indices()
+                router.router_replay.clear_router_replay_action()
+
+    end_pass = begin_pass
+
+    @contextlib.contextmanager
+    def micro_batch(self, routes: torch.Tensor | None, valid_mask: torch.Tensor, measure: bool):
+        """Around one micro batch's model call. routes: [b, s, L, K] or None (the router's own top-k: sequences
+        without rollout routes, e.g. a dpo task's); valid_mask: [b, s] bool, False on padding."""
+        valid = self._router_order(valid_mask)
+        self._valid = valid.float()
+        self._routes = None
+        if routes is not None and self.replay:
+            routes = self._router_order(routes).long()
+            # Padding has no route from anywhere; any k distinct experts do (its outputs are never read).
+            filler = torch.arange(self.topk, device=routes.device)
+            self._routes = torch.where(valid[:, None, None], routes, filler)
+        self._inside, self._measure = True, measure
+        try:
+            yield
+        finally:
+            self._inside, self._measure = False, False
+            self._routes = self._valid = None
+
+    def _router_order(self, x: torch.Tensor) -> torch.Tensor:
+        """[b, s, ...] -> [s * b, ...] in the order the router flattens its [s, b, h] input; with sequence
+        parallelism, this tensor-parallel rank's slice of s."""
+        x = x.transpose(0, 1)
+        if self.sequence_parallel:
+            from megatron.core import parallel_state
+
+            tp = parallel_state.get_tensor_model_parallel_world_size()
+            rank = parallel_state.get_tensor_model_parallel_rank()
+            chunk = x.size(0) // tp
+            x = x[rank * chunk:(rank + 1) * chunk]
+        return x.reshape(-1, *x.shape[2:])
+
+    # -- the hooks -------------------------------------------------------------------------------------------
+    def _before_router(self, router, args) -> None:
+        replay = router.router_replay
+        if replay is None:
+            return
+        from megatron.core.transformer.moe.router_replay import RouterReplayAction
+
+        if not self._inside:  # backward recompute: the routes of the forwards, first in first out
+            if replay.replay_backward_list:
+                replay.set_router_replay_action(RouterReplayAction.REPLAY_BACKWARD)
+            else:
+                replay.clear_router_replay_action()
+            return
+        if self._routes is None:
+            replay.clear_router_replay_action()
+            return
+        tokens = args[0].shape[0] * args[0].shape[1]
+        if self._routes.size(0) != tokens:
+            raise RuntimeError(f"routing replay: the micro batch carries routes for {self._routes.size(0)} tokens, "
+                               f"the router of layer {router.layer_number} sees {tokens}")
+        replay.set_target_indices(self._routes[:, router.layer_number - 1])
+        replay.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
+
+    @torch.no_grad()
+    def _after_router(self, router, args, output) -> None:
+        if not (self._inside and self._measure):
+            return
+        x = args[0]
+        _, routing_map = output
+        logits = F.linear(x.reshape(-1, x.size(-1)).float(), router.weight.float())  # [N, E], as the router's
+        valid = self._valid
+        num = valid.sum()
+        scores = torch.softmax(logits, dim=-1)
+        # Megatron's aux loss routes by the router's own top-k (not replayed routes) over the full softmax.
+        own = torch.zeros_like(scores).scatter_(1, torch.topk(logits, self.topk, dim=1).indices, 1.0)
+        per_expert = (own * valid[:, None]).sum(0)
+        prob_sum = (scores * valid[:, None]).sum(0)
+        aux = (prob_sum * per_expert).sum() * self.num_experts / (self.topk * num.clamp(min=1) ** 2)
+        z = (torch.logsumexp(logits, dim=-1) ** 2 * valid).sum()
+        dispatched = (routing_map.float() * valid[:, None]).sum(0)
+        row = torch.cat([torch.stack([aux, torch.ones_like(aux), z, num]), dispatched]).double()
+        if self._stats is None:
+            self._stats = torch.zeros(self.num_layers, row.numel(), dtype=torch.float64, device=row.device)
+        self._stats[router.layer_number - 1] += row
+
+    # -- per-step metrics ------------------------------------------------------------------------------------
+    def collect(self, device) -> dict[str, float]:
+        """moe/* metrics of the training passes since the last call, then reset (definitions in docs/moe.md).
+        Collective over the data- and pipeline-parallel groups (and tensor-parallel with sequence parallelism,
+        where each rank routes its own slice of the tokens); one host sync."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state
+
+        stats = self._stats
+        if stats is None:
+            stats = torch.zeros(self.num_layers, 4 + self.num_experts, dtype=torch.float64, device=device)
+        self._stats = None
+        if dist.is_initialized():
+            groups = [parallel_state.get_data_parallel_group(), parallel_state.get_pipeline_model_parallel_group()]
+            if self.sequence_parallel:
+                groups.append(parallel_state.get_tensor_model_parallel_group())
+            for group in groups:
+                if dist.get_world_size(group) > 1:
+                    dist.all_reduce(stats, group=group)
+        seen = stats[:, 1] > 0
+        if not bool(seen.any()):
+            return {}
+        s = stats[seen]
+        counts = s[:, 4:]
+        imbalance = counts.max(dim=1).values / counts.mean(dim=1).clamp(min=1e-12)
+        values = torch.stack([(s[:, 0] / s[:, 1]).mean(), (s[:, 2] / s[:, 3].clamp(min=1)).mean(),
+                              imbalance.mean(), imbalance.max()]).tolist()
+        return dict(zip(("moe/aux_loss", "moe/z_loss", "moe/load_imbalance", "moe/load_imbalance_max"), values))

@@ -72,6 +72,7 @@ class RolloutEngine:
         from mcore_rl.rollout.settings import server_args
 
         self.cfg = cfg
+        self._route_shape = _route_shape(model_path or cfg.model_path) if cfg.return_routed_experts else None
         self._released: set[str] = set()
         self._requests_may_run = False  # a generate() call failed: SGLang may still run its requests
         self.backend: Backend
@@ -84,6 +85,8 @@ class RolloutEngine:
             path = model_path or cfg.model_path
             _check_model_path(path)
             args = server_args(cfg, path, custom_weight_loaders=LOADERS if weight_loaders else ())
+            if cfg.return_routed_experts:
+                args["enable_return_routed_experts"] = True
             from mcore_rl.rollout.launch_env import without_torchrun_env
 
             with without_torchrun_env():  # the engine's processes must not join the trainer's torchrun world
@@ -150,6 +153,9 @@ class RolloutEngine:
         params = sampling.to_sglang()
         requests = [{"input_ids": [[int(t) for t in prompts[i]] for i in chunk], "sampling_params": params,
                      "return_logprob": True, "rid": [uuid.uuid4().hex for _ in chunk]} for chunk in chunks]
+        if self._route_shape is not None:  # every token's routes, from the first (routed_experts_start_len 0)
+            for request in requests:
+                request["return_routed_experts"] = True
         outputs: list[list[dict] | None] = [None] * len(requests)
         show = self.cfg.show_progress if show_progress is None else show_progress
         with tqdm(total=len(owners), desc="rollout", unit="sample", leave=False,
@@ -168,8 +174,11 @@ class RolloutEngine:
                 raise RolloutEngineError(f"SGLang returned {0 if outs is None else len(outs)} outputs for a request "
                                          f"of {len(chunk)} samples")
             for i, out in zip(chunk, outs):
-                samples.append(_to_sample(out, [int(t) for t in prompts[i]], first_group_id + i,
-                                          metas[i] if metas else None, prompt_texts[i] if prompt_texts else ""))
+                sample = _to_sample(out, [int(t) for t in prompts[i]], first_group_id + i,
+                                    metas[i] if metas else None, prompt_texts[i] if prompt_texts else "")
+                if self._route_shape is not None:
+                    sample.routed_experts = _routes(out["meta_info"], sample, *self._route_shape)
+                samples.append(sample)
         return RolloutBatch(samples=samples, weight_version=self.weight_version, policy_version=self.policy_version)
 
     def _check_can_generate(self) -> None:
@@ -226,6 +235,45 @@ def _to_sample(out: dict, prompt: Sequence[int], group_id: int, meta: dict | Non
     return Sample(prompt_ids=list(prompt), response_ids=response, rollout_logprobs=logprobs,
                   finish_reason=kind if kind in ("stop", "length") else "abort", group_id=group_id,
                   prompt_text=prompt_text, response_text=out.get("text") or "", meta=dict(meta or {}))
+
+
+def _route_shape(model_path: str) -> tuple[int, int, int]:
+    """(num_layers, topk, num_experts) of the checkpoint's MoE layers, from its config.json."""
+    import json
+
+    if not model_path:
+        raise ValueError("rollout.return_routed_experts needs the checkpoint's config.json (layers, top-k): set "
+                         "rollout.model_path (or pass model_path=) also when attaching to a server")
+    with open(os.path.join(os.path.expanduser(model_path), "config.json")) as f:
+        hf = json.load(f)
+    experts = hf.get("num_experts") or hf.get("num_local_experts")
+    if not experts or not hf.get("num_experts_per_tok"):
+        raise ValueError(f"rollout.return_routed_experts (model.moe_routing_replay) needs a mixture-of-experts "
+                         f"model; {model_path} is dense ({hf.get('architectures')})")
+    return int(hf["num_hidden_layers"]), int(hf["num_experts_per_tok"]), int(experts)
+
+
+def _routes(info: dict, sample: Sample, num_layers: int, topk: int, num_experts: int):
+    """SGLang's meta_info["routed_experts"] -> [P + R - 1, num_layers, topk] tensor. SGLang sends base64 of an
+    int32 array covering positions [routed_experts_start_len, seqlen - 1): the tokens it ran forward (the last
+    sampled token never is). Stored as uint8 / int16, whichever holds the expert ids, since every rank gets them."""
+    import base64
+
+    import numpy as np
+    import torch
+
+    encoded = info.get("routed_experts")
+    if encoded is None:
+        raise RolloutEngineError("SGLang returned no routed_experts although they were requested: the engine must "
+                                 "run with enable_return_routed_experts (an attached server: launch it with "
+                                 "--enable-return-routed-experts)")
+    flat = np.frombuffer(base64.b64decode(encoded), dtype=np.int32)
+    rows = sample.num_tokens - 1
+    if flat.size != rows * num_layers * topk:
+        raise RolloutEngineError(f"SGLang returned {flat.size} routed expert ids for {rows} tokens x {num_layers} "
+                                 f"layers x top-{topk}")
+    dtype = torch.uint8 if num_experts <= 256 else torch.int16
+    return torch.from_numpy(flat.astype(np.int16)).to(dtype).reshape(rows, num_layers, topk)
 
 
 def _check_generate_args(prompts, n, sampling, metas, prompt_texts, skip_tokenizer_init) -> None:

@@ -141,7 +141,51 @@ def stand_in_module() -> types.ModuleType:
         for name in _SPECULATIVE:
             setattr(mod, name, _not_implemented(name))
         _MODULE = mod
+        _unpin_host_caches()
     return _MODULE
+
+
+_HOST_CACHE_MODULE = "sglang.srt.state_capturer.base"
+
+
+class _UnpinnedHostCaches:
+    """Import hook: once SGLang's state-capturer module is loaded, its host buffers are made without
+    pin_memory. SGLang 0.5.17 allocates the routed-experts host cache (enable_return_routed_experts, routing
+    replay) with pin_memory=True, which torch refuses without an accelerator ("pin_memory=True requires a CUDA
+    or other accelerator backend"); on a CPU nothing is gained by pinning anyway."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != _HOST_CACHE_MODULE:
+            return None
+        import importlib.machinery
+
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_patch(module):
+            exec_module(module)
+            torch = module.torch
+            original = module.BaseHostCache.__init__
+
+            def init(self, *args, **kwargs):
+                zeros = torch.zeros
+                try:
+                    torch.zeros = lambda *a, pin_memory=False, **k: zeros(*a, **k)
+                    original(self, *args, **kwargs)
+                finally:
+                    torch.zeros = zeros
+
+            module.BaseHostCache.__init__ = init
+
+        spec.loader.exec_module = exec_and_patch
+        return spec
+
+
+def _unpin_host_caches() -> None:
+    if not any(isinstance(f, _UnpinnedHostCaches) for f in sys.meta_path):
+        sys.meta_path.insert(0, _UnpinnedHostCaches())
 
 
 def needed() -> bool:

@@ -55,9 +55,10 @@ def rollout_logprobs(samples: Sequence[Sample], width: int) -> Tensor:
     return out
 
 
-def sample_sequences(samples: Sequence[Sample], **fields: Sequence[Tensor]) -> Sequences:
+def sample_sequences(samples: Sequence[Sample], with_routes: bool = True, **fields: Sequence[Tensor]) -> Sequences:
     """Rollout samples as engine sequences: prompt + response ids, loss_mask on the response, plus token-space
-    fields (advantages=..., ref_logprobs=...)."""
+    fields (advantages=..., ref_logprobs=...), and the rollout's routes when the samples carry them (routing
+    replay) and with_routes."""
     ids, masks = [], []
     for s in samples:
         p, r = len(s.prompt_ids), len(s.response_ids)
@@ -65,7 +66,29 @@ def sample_sequences(samples: Sequence[Sample], **fields: Sequence[Tensor]) -> S
         mask[p:] = 1.0
         ids.append(torch.tensor(list(s.prompt_ids) + list(s.response_ids), dtype=torch.long))
         masks.append(mask)
-    return Sequences(ids, masks, **{k: list(v) for k, v in fields.items()})
+    routes = token_routes(samples) if with_routes else None
+    return Sequences(ids, masks, **{k: list(v) for k, v in fields.items()}, routed_experts=routes)
+
+
+def token_routes(samples: Sequence[Sample]) -> list[Tensor] | None:
+    """Each sample's rollout routes [P + R - 1, L, K] -> token space [P + R, L, K] (Sequences.routed_experts), or
+    None when the samples carry none."""
+    have = [s.routed_experts is not None for s in samples]
+    if not any(have):
+        return None
+    if not all(have):
+        raise ValueError(f"{have.count(False)} of {len(samples)} samples carry no routed experts: routing replay "
+                         "needs the engine's routes for every sample")
+    out = []
+    for s in samples:
+        routes = s.routed_experts
+        if routes.size(0) != s.num_tokens - 1:
+            raise ValueError(f"a sample of {s.num_tokens} tokens carries routes for {routes.size(0)} (expected one "
+                             "per token but the last)")
+        # The last token was never run forward by the engine; its output is not read, so any k experts do.
+        last = torch.arange(routes.size(2), dtype=routes.dtype).expand(1, *routes.shape[1:])
+        out.append(torch.cat([routes, last]))
+    return out
 
 
 def pair_sequences(pairs) -> Sequences:

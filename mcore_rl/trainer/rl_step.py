@@ -176,7 +176,8 @@ def prepare(ctx: StepContext, rollout: Rollout, algo: AlgorithmConfig, actor_cfg
     actor_seqs = sample_sequences(my_samples, **{k: to_token_space(v[mine], my_samples) for k, v in fields.items()})
     critic_seqs = None
     if ctx.critic is not None:
-        critic_seqs = sample_sequences(my_samples, old_values=to_token_space(values[mine], my_samples),
+        critic_seqs = sample_sequences(my_samples, with_routes=False,
+                                       old_values=to_token_space(values[mine], my_samples),
                                        returns=to_token_space(returns[mine], my_samples))
     return RLBatch(Rollout(samples, rollout.weight_version), actor_seqs, critic_seqs, kl, int(mask.sum()),
                    old_source), m

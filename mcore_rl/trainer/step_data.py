@@ -33,7 +33,8 @@ class Rollout:
 
 @dataclass
 class Sequences:
-    """This rank's sequences. The optional fields are per-token float32 tensors, present when a loss reads them."""
+    """This rank's sequences. The optional fields are per-token tensors (float32 but for routed_experts), present
+    when a loss or the model reads them."""
 
     input_ids: list[Tensor]
     """int64, prompt + response."""
@@ -49,6 +50,10 @@ class Sequences:
     """The critic's values before its update."""
     returns: list[Tensor] | None = None
     """The critic's regression targets."""
+    routed_experts: list[Tensor] | None = None
+    """Routing replay (model.moe_routing_replay): per token, the experts the rollout engine routed it to in each
+    layer, integer [P + R, num_layers, topk] (the last token, which the engine never ran forward, gets experts
+    0..topk-1: its output is never read). The engine's field "routed_experts" (engine/forward_backward.ROUTES)."""
 
     def __len__(self) -> int:
         return len(self.input_ids)

@@ -25,6 +25,7 @@ def train_step(run, scheduler, batches: dict) -> dict[str, float]:
         task = run.tasks[i]
         m = task.train_alone(batch)
         m.update(task.train_critic(batch))
+    m.update(run.actor.moe_metrics())  # MoE: router statistics of this step's actor updates, every task's
     m["timing/train_s"] = time.perf_counter() - t0
     tokens = sum(len(s.prompt_ids) + len(s.response_ids) for b in batches.values() if isinstance(b, RLBatch)
                  for s in b.rollout.samples)

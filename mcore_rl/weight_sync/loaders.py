@@ -20,6 +20,11 @@ tensor crosses the process boundary as its own CUDA IPC handle and event (on an 
 `share` and `apply_shared` are the shared layout's (bridge.engine_layout.shared_plan): `share` keeps the trainer's
 own parameters (CUDA IPC handles, or shared memory on CPU) with a copy plan; each `apply_shared` runs the plan.
 
+A name may address one slice of a stacked engine parameter, `{name}[{i}]` (an MoE expert's slice of FusedMoE's
+`experts.w13_weight` / `w2_weight`, bridge.engine_layout.expert_slice): the loaders copy into `param[i]`, and the
+name check counts a stacked parameter as sent once all of its slices are. SGLang's own load_format="direct" knows
+no such names, so the receiver never sends them through it.
+
 `save` (same mechanism) writes the engine's parameters with torch.save: a way to read the engine's weights back,
 for parity tests. Nothing here imports SGLang or Megatron; it runs inside SGLang's scheduler process.
 """
@@ -40,6 +45,21 @@ LOADERS = (DESCRIBE, SAVE, FLAT, SHARE, APPLY_SHARED)
 # the copy program compiled against one model object and its first parameter's storage (recompiled if either
 # changes, e.g. on a reload from disk).
 _SHARED: dict = {}
+
+
+def split_slice(name: str) -> tuple[str, int | None]:
+    """(parameter name, slice index) of `{name}[{i}]`; (name, None) for a whole parameter."""
+    if not name.endswith("]"):
+        return name, None
+    base, _, index = name[:-1].rpartition("[")
+    return base, int(index)
+
+
+def _target(params: dict, name: str):
+    """The engine tensor a sent name fills: a parameter's data, or one slice of it."""
+    base, index = split_slice(name)
+    data = params[base].data
+    return data if index is None else data[index]
 
 
 def _path(named_tensors) -> str:
@@ -64,10 +84,10 @@ def load_flat(model, named_tensors) -> None:
     params = dict(model.named_parameters())
     for spec, flat in named_tensors:
         for name, offset, shape in json.loads(spec):
-            param = params[name]
-            numel = param.numel()
-            assert list(param.shape) == list(shape), (name, list(param.shape), shape)
-            param.data.copy_(flat[offset:offset + numel].view(param.shape))
+            dst = _target(params, name)
+            numel = dst.numel()
+            assert list(dst.shape) == list(shape), (name, list(dst.shape), shape)
+            dst.copy_(flat[offset:offset + numel].view(dst.shape))
 
 
 def pack_flat(named_tensors) -> list[tuple[str, object]] | None:
@@ -82,6 +102,12 @@ def pack_flat(named_tensors) -> list[tuple[str, object]] | None:
         groups.setdefault(id(base), (base, []))[1].append([name, t.storage_offset() - base.storage_offset(),
                                                            list(t.shape)])
     return [(json.dumps(spec), base) for base, spec in groups.values()]
+
+
+def pack_each(named_tensors) -> list[tuple[str, object]]:
+    """load_flat's input for any tensors: one (JSON spec, 1-D view) pair per tensor (a copy only for a
+    non-contiguous one). For names SGLang's load_format="direct" cannot take (slices)."""
+    return [(json.dumps([[name, 0, list(t.shape)]]), t.contiguous().view(-1)) for name, t in named_tensors]
 
 
 def share(model, named_tensors) -> None:
@@ -133,7 +159,7 @@ def _compile(model, ops, sources):
     copies: dict = {}
     gathers = []
     for name, shape, k, rows in ops:
-        dst, src = params[name].data, sources[k]
+        dst, src = _target(params, name), sources[k]
         assert list(dst.shape) == list(shape), (name, list(dst.shape), shape)
         if isinstance(rows, int):
             group = copies.setdefault((dst.dtype, src.dtype), ([], []))
@@ -157,11 +183,29 @@ def save(model, named_tensors) -> None:
 def check_names(sending: dict[str, tuple[int, ...]], engine: dict[str, tuple[int, ...]], what: str,
                 complete: bool = True) -> None:
     """ValueError naming the tensors the engine lacks, those whose shape differs and (complete=True) the engine
-    parameters not sent, instead of a KeyError or a failed assert inside SGLang's scheduler."""
-    unexpected = sorted(set(sending) - set(engine))
-    missing = sorted(set(engine) - set(sending)) if complete else []
-    shapes = [f"{n} {tuple(sending[n])} vs the engine's {tuple(engine[n])}"
-              for n in sorted(set(sending) & set(engine)) if tuple(sending[n]) != tuple(engine[n])]
+    parameters not sent, instead of a KeyError or a failed assert inside SGLang's scheduler. A slice `{name}[i]`
+    must address an existing row i of `name` with the shape of that row; a parameter counts as sent once all of
+    its slices are."""
+    unexpected, shapes, slices = [], [], {}
+    for n in sorted(sending):
+        base, index = split_slice(n)
+        if base not in engine or (index is not None and not 0 <= index < (engine[base] or (0,))[0]):
+            unexpected.append(n)
+            continue
+        want = tuple(engine[base]) if index is None else tuple(engine[base][1:])
+        if tuple(sending[n]) != want:
+            shapes.append(f"{n} {tuple(sending[n])} vs the engine's {want}")
+        if index is not None:
+            slices.setdefault(base, set()).add(index)
+    missing = []
+    for n in sorted(engine) if complete else []:
+        if n in sending:
+            continue
+        if n not in slices:
+            missing.append(n)
+        elif len(slices[n]) < engine[n][0]:
+            left = sorted(set(range(engine[n][0])) - slices[n])
+            missing.append(f"{n} (slices {left[:8]}{' ...' if len(left) > 8 else ''} of {engine[n][0]})")
     if not (unexpected or missing or shapes):
         return
     parts = []

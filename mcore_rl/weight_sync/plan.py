@@ -4,9 +4,11 @@ inputs on rank 0 (which owns the engine) and sends the plan to every rank.
 
 Layouts, best first:
 * shared: the engine holds handles to the actor's own parameters and copies them into its own at each sync (no
-  export, no buckets). Needs everything engine needs, and rank 0 holding whole parameters (TP=1, PP=1).
+  export, no buckets). Needs everything engine needs, and rank 0 holding whole parameters (TP=1, PP=1; MoE models
+  also EP=1 and expert TP=1).
 * engine: buckets of SGLang's own parameters (fused q/k/v and gate/up, padded vocabulary), copied as they are.
-  Needs a colocated tensor sync, a verified unquantized architecture, and an engine at TP=1 (no pipeline or data
+  Needs a colocated tensor sync, a verified unquantized architecture (dense, or Qwen3-MoE / Mixtral, whose experts
+  go as slices of SGLang's stacked expert parameters), and an engine at TP=1 (no pipeline or data
   parallelism, no quantization) that we launched with our weight loaders (they list its parameters).
 * hf: buckets of HF names, mapped by SGLang's model.load_weights. Always possible.
 
@@ -29,11 +31,21 @@ class ActorLayout:
 
     tp: int = 1
     pp: int = 1
+    ep: int = 1
+    """Expert parallelism (MoE models; 1 for dense ones)."""
+    etp: int = 1
+    """Expert tensor parallelism (MoE models; Megatron sets it to tp for dense ones)."""
 
     @property
     def whole_on_rank0(self) -> bool:
         """Rank 0 holds every parameter whole (what the shared layout copies from)."""
-        return self.tp * self.pp == 1
+        return self.tp * self.pp * self.ep * self.etp == 1
+
+    def describe(self) -> str:
+        """`parallel.tp=2, parallel.pp=1`, with ep and etp where they are not 1."""
+        parts = [f"parallel.tp={self.tp}", f"parallel.pp={self.pp}"]
+        parts += [f"parallel.{k}={v}" for k, v in (("ep", self.ep), ("etp", self.etp)) if v != 1]
+        return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,8 @@ class EngineFacts:
     dp_size: int = 1
     quantization: str | None = None
     """rollout.extra_args.quantization, if set."""
+    moe_runner_backend: str | None = None
+    """rollout.extra_args.moe_runner_backend, if set (SGLang's MoE kernels; some hold the experts differently)."""
     attached: bool = False
     """Attached to a server by URL (rollout.server_url) rather than launched by us."""
     weight_loaders: bool = True
@@ -56,6 +70,7 @@ class EngineFacts:
         extra = rollout.extra_args
         return cls(tp_size=rollout.tp_size, pp_size=int(extra.get("pp_size") or 1),
                    dp_size=int(extra.get("dp_size") or 1), quantization=extra.get("quantization") or None,
+                   moe_runner_backend=extra.get("moe_runner_backend") or None,
                    attached=rollout.server_url is not None, weight_loaders=weight_loaders)
 
 
@@ -87,6 +102,11 @@ def engine_blocker(engine: EngineFacts) -> str | None:
             return f"rollout.extra_args.{key}={value} (needs 1)"
     if engine.quantization:
         return f"rollout.extra_args.quantization={engine.quantization!r} (needs an unquantized engine)"
+    if engine.moe_runner_backend not in (None, "auto", "triton"):
+        # flashinfer_cutlass holds [up; gate], triton_kernel transposes, flashinfer_trtllm pads and permutes: the
+        # same shapes in some cases, so the name check alone would not catch them
+        return (f"rollout.extra_args.moe_runner_backend={engine.moe_runner_backend!r} (the engine layout writes "
+                "MoE experts as SGLang's triton runner holds them; needs auto or triton)")
     if engine.attached:
         return ("rollout.server_url attaches to a server we did not launch, so it cannot list its parameters "
                 "for the name check")
@@ -109,8 +129,8 @@ def shared_blockers(actor: ActorLayout) -> list[str]:
     """Why the shared layout cannot be used on top of layout_blockers (empty: it can)."""
     if actor.whole_on_rank0:
         return []
-    return [f"the actor is split (parallel.tp={actor.tp}, parallel.pp={actor.pp}): rank 0 does not hold whole "
-            "parameters for the engine to copy from"]
+    return [f"the actor is split ({actor.describe()}): rank 0 does not hold whole parameters for the engine to "
+            "copy from"]
 
 
 def plan_layout(requested: str, transport: str, actor: ActorLayout, engine: EngineFacts,

@@ -137,7 +137,8 @@ class WeightReceiver:
 
         layout "hf": HF names and shapes, mapped by SGLang's model.load_weights. "engine": the engine's own
         parameter names and shapes (bridge.engine_layout), copied as they are: views of a bucket's flat buffers go
-        as one buffer per dtype (loaders.load_flat), other tensors one by one (load_format="direct"). Every name
+        as one buffer per dtype (loaders.load_flat), other tensors one by one (load_format="direct", or load_flat
+        per tensor when a name is a slice `{name}[i]` of a stacked MoE expert parameter). Every name
         and shape is checked against engine_parameters() first, since SGLang's scheduler dies on an unknown one."""
         sync = self._require_sync("update_bucket")
         named_tensors = list(named_tensors)
@@ -145,11 +146,13 @@ class WeightReceiver:
             return
         count = len(named_tensors)
         if layout == "engine":
-            from mcore_rl.weight_sync.loaders import FLAT, check_names, pack_flat
+            from mcore_rl.weight_sync.loaders import FLAT, check_names, pack_each, pack_flat, split_slice
 
             check_names({n: tuple(t.shape) for n, t in named_tensors}, self.engine_parameters(), "a weight bucket",
                         complete=False)
             packed = pack_flat(named_tensors)  # a bridge bucket: one shared buffer per dtype instead of per tensor
+            if packed is None and any(split_slice(n)[1] is not None for n, _ in named_tensors):
+                packed = pack_each(named_tensors)  # MoE expert slices: SGLang's "direct" knows no such names
             named_tensors, load_format = (named_tensors, "direct") if packed is None else (packed, FLAT)
         elif layout == "hf":
             load_format = None

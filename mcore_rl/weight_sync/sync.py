@@ -23,13 +23,18 @@ logger = logging.getLogger(__name__)
 
 
 def plan_inputs(hf: dict, rollout) -> tuple[ActorLayout, EngineFacts, str | None]:
-    """plan_layout's inputs in this process (rank 0, which owns `rollout`): the actor's TP / PP, the engine's facts
+    """plan_layout's inputs in this process (rank 0, which owns `rollout`): the actor's TP / PP / EP / expert TP
+    (the expert sizes of MoE models only: Megatron reports expert TP = TP for a dense one), the engine's facts
     and why the checkpoint cannot use the engine layout (None: it can)."""
     from megatron.core import parallel_state as ps
 
     from mcore_rl.bridge.engine_layout import unsupported_reason
+    from mcore_rl.models.arch import resolve_arch
 
-    actor = ActorLayout(ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size())
+    experts = (ps.get_expert_model_parallel_world_size(), ps.get_expert_tensor_parallel_world_size()) \
+        if resolve_arch(hf).moe else (1, 1)
+    actor = ActorLayout(ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
+                        *experts)
     return actor, rollout.weights.facts, unsupported_reason(hf)
 
 

@@ -1,5 +1,6 @@
-"""tools/bench_throughput.py runs end to end on CPU: `all` on the tiny random model with minimal sizes, in one
-subprocess (one SGLang engine shared by rollout, weight_sync in every layout, and e2e). Checks only that every
+"""tools/bench_throughput.py runs end to end on CPU: `all` on the tiny random model (dense, and the tiny Qwen3-MoE
+of the MoE figures) with minimal sizes, in one subprocess (one SGLang engine shared by rollout, weight_sync in
+every layout, and e2e). Checks only that every
 figure the docs name is present, finite and positive; benchmarks are not tests, so no timing is asserted."""
 
 import json
@@ -29,10 +30,11 @@ KEYS = [
 pytestmark = pytest.mark.slow
 
 
-def test_all_writes_every_figure(tmp_path):
+@pytest.mark.parametrize("model", ["tiny", "tiny-moe"])
+def test_all_writes_every_figure(tmp_path, model):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, str(ROOT / "tools" / "bench_throughput.py"), "--json", str(out), "all",
-           "--model", "tiny", "--train-model", "tiny", "--seq-len", "32", "--tokens", "128", "--iters", "1",
+           "--model", model, "--train-model", model, "--seq-len", "32", "--tokens", "128", "--iters", "1",
            "--train-warmup", "1", "--prompts", "2", "--n", "2", "--prompt-len", "4", "--max-new-tokens", "4",
            "--repeats", "1", "--warmup", "1", "--max-total-tokens", "2048", "--sync-layout", "all"]
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", MASTER_PORT=str(free_port()))

@@ -53,5 +53,6 @@ def test_a_layout_that_does_not_fit_is_refused():
     from mcore_rl.parallel.runtime import validate
 
     cfg = recipe("qwen3_30b_a3b_8gpu")
-    with pytest.raises(ValueError, match=r"world size \(4\) is not divisible by parallel.etp \(1\) x parallel.ep \(8\)"):
+    message = r"world size \(4\) is not divisible by parallel.etp \(1\) x parallel.ep \(8\)"
+    with pytest.raises(ValueError, match=message):
         validate(cfg.parallel, 4, QWEN3_30B_A3B)

@@ -77,6 +77,9 @@ def test_experts_per_layer_read_from_either_name():
      r"supported"),
     (qwen3_moe(num_experts_per_tok=8), ModelConfig(), ParallelConfig(),
      r"num_experts_per_tok \(8\) is larger than the number of experts \(4\)"),
+    (mixtral(), ModelConfig(), ParallelConfig(etp=2),
+     r"parallel.etp \(2\) differs from parallel.tp \(1\) at parallel.ep=1, which Megatron-Core does not train "
+     r"correctly"),
     (dict(BASE, architectures=["LlamaForCausalLM"]), ModelConfig(), ParallelConfig(ep=2),
      r"parallel.ep \(2\) > 1 needs a mixture-of-experts model; LlamaForCausalLM is dense: set parallel.ep=1"),
 ])

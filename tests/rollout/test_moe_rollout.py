@@ -6,7 +6,11 @@ SGLang runs its own torch-native MoE path here (TopK.forward_native, Unquantized
 moe_forward_native): no sgl_kernel op is involved (docs/rollout.md, "MoE on CPU"). Observed on the CPU machines:
 greedy tokens equal HF `generate` for 16 new tokens, log-probs within 9.5e-7 (Qwen3-MoE) and 1.4e-6 (Mixtral) of
 HF's log-softmax (LOGPROB_TOL 1e-4).
-One engine per architecture serves the module (25-80 s to start); the sync test leaves it holding seed 0 again.
+The engine-layout table of the bridge (mcore_rl.bridge.engine_layout: experts as slices `experts.w13_weight[e]` /
+`w2_weight[e]` of SGLang's stacked parameters) names exactly the live engine's parameters with their shapes, and a
+sync of HF tensors repacked into that layout (several buckets, tensors that are no views of one buffer) gives the
+same greedy tokens and log-probs as HF. Syncs from a Megatron actor: tests/weight_sync/test_moe_sync.py.
+One engine per architecture serves the module (25-80 s to start); the sync tests leave it holding seed 0 again.
 
 Run: nice -n 10 .venv/bin/python -m pytest tests/rollout/test_moe_rollout.py -q
 """
@@ -112,4 +116,51 @@ def test_hf_layout_sync_with_per_expert_names(moe):
         for bucket in buckets(hf_weights(moe.paths[0]), 2):
             engine.weights.update_bucket(bucket)
     assert engine.weight_version == version + 2
+    assert_matches_hf(engine, moe.refs[0], moe.prompts[0])
+
+
+def engine_layout_tensors(hf_path: str, arch: str) -> list[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors in the engine layout, built from the bridge's table: each entry's HF tensors back to
+    back (fused q/k/v, gate/up, an expert's [gate; up]) plus the vocabulary's zero padding rows."""
+    from mcore_rl.bridge.engine_layout import engine_tensors
+    from mcore_rl.bridge.maps import Dims, expand
+    from mcore_rl.models.arch import load_hf_config
+
+    hf = load_hf_config(hf_path)
+    dims, weights = Dims.from_hf(hf), dict(hf_weights(hf_path))
+    out = []
+    for entry in expand(hf):
+        if not entry.export:
+            continue
+        (name, shape), = engine_tensors(entry, dims)
+        flat = torch.cat([weights[n].reshape(-1) for n in entry.hf])
+        padded = torch.zeros(torch.Size(shape).numel(), dtype=flat.dtype)
+        padded[:flat.numel()] = flat
+        out.append((name, padded.view(shape)))
+    return out
+
+
+def test_engine_layout_table_is_the_live_engines(moe):
+    """Every name and shape the bridge sends in the engine layout against SGLang's own parameters (complete: every
+    stacked expert parameter gets all of its slices)."""
+    from mcore_rl.weight_sync.loaders import check_names
+
+    sending = {n: tuple(t.shape) for n, t in engine_layout_tensors(moe.paths[0], moe.arch)}
+    engine = moe.engine.weights.engine_parameters()
+    check_names(sending, engine, "the bridge's engine-layout table")
+    prefix, _ = HF_MOE_NAMES[moe.arch]
+    stacked = f"model.layers.0.{prefix}experts.w13_weight"
+    assert sending[stacked + "[3]"] == engine[stacked][1:] and engine[stacked][0] == NUM_EXPERTS
+
+
+def test_engine_layout_sync_of_expert_slices(moe):
+    engine, version = moe.engine, moe.engine.weight_version
+    named = engine_layout_tensors(moe.paths[1], moe.arch)
+    assert any(n.endswith("w13_weight[3]") for n, _ in named)
+    with engine.weights.weight_update():  # 5 buckets: one layer's expert slices cross bucket cuts
+        for bucket in buckets(named, 5):
+            engine.weights.update_bucket(bucket, layout="engine")
+    assert engine.weight_version == version + 1
+    assert_matches_hf(engine, moe.refs[1], moe.prompts[1])
+    engine.weights.update_weights_from_disk(moe.paths[0])
     assert_matches_hf(engine, moe.refs[0], moe.prompts[0])

@@ -1,10 +1,10 @@
 """GRPO and PPO on a tiny Qwen3-MoE (4 experts, top-2; mcore_rl.testing) through tools/train_ppo.py under torchrun,
 with expert parallelism 2 over the two processes, real Megatron-Core (gloo) and real SGLang on CPU, fp32.
 
-* GRPO with the text-length reward (tests/trainer/reward_fns.py: a random model can move it) and the load-balancing
-  aux loss on: the mean reward of the last three of eight steps is above the first three's (observed
-  0.45 -> 0.52 with actor.lr=3e-3), and after every weight sync the engine's log-probs of its own samples equal the
-  trainer's within 1e-4 (observed 2-3e-7: both run the same experts on the same routes here).
+* GRPO with the text-length reward (tests/trainer/reward_fns.py: a random model can move it), the load-balancing
+  aux loss and routing replay on: the mean reward of the last three of eight steps is above the first three's
+  (0.45 -> 0.52 in a run without replay, actor.lr=3e-3), after every weight sync the engine's log-probs of its own
+  samples equal the trainer's within 1e-4 (observed 2-3e-7), and the router metrics are logged every step.
 * PPO with a critic, greedy rollouts (see test_resume.py for why greedy), stopped after step 2 and resumed: step 3
   equal to the uninterrupted run's within 1e-6 on every logged number but timings. The experts are sharded over
   EP ranks in the checkpoint, so this checks that each rank saves and restores its own experts and their Adam state.
@@ -34,12 +34,15 @@ def test_grpo_with_expert_parallelism_learns(tiny_moe, arith_data, tmp_path):
     steps = 8
     run_train(2, tiny_overrides(tiny_moe, arith_data, str(out)) + MOE + [
         f"trainer.total_steps={steps}", "trainer.prompts_per_step=4", "algorithm.n_samples_per_prompt=8",
-        "rollout.max_new_tokens=16", "actor.lr=3e-3", "model.moe_aux_loss_coeff=0.01"])
+        "rollout.max_new_tokens=16", "actor.lr=3e-3", "model.moe_aux_loss_coeff=0.01",
+        "model.moe_routing_replay=true"])
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     for r in rows:
         assert r["rollout/logprob_diff_max"] < LOGPROB_TOL, r["step"]
         assert r["actor/grad_norm"] > 0
+        assert r["moe/aux_loss"] > 0 and r["moe/z_loss"] > 0, r["step"]
+        assert 1.0 <= r["moe/load_imbalance"] <= r["moe/load_imbalance_max"] <= 4 / 2  # E / k: all on k experts
     rewards = [r["reward/mean"] for r in rows]
     assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3, rewards
 

@@ -117,3 +117,34 @@ def test_the_planner_imports_no_torch_megatron_or_sglang():
             "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'megatron', 'sglang'}); "
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_moe_actor_with_expert_parallelism_is_split_for_the_shared_layout():
+    ep2 = ActorLayout(1, 1, ep=2)
+    reason = ("the actor is split (parallel.tp=1, parallel.pp=1, parallel.ep=2): rank 0 does not hold whole "
+              "parameters for the engine to copy from")
+    assert plan_layout("auto", "tensor", ep2, ENGINE, None) == LayoutPlan("engine", reason)
+    etp2 = ActorLayout(1, 1, ep=1, etp=2)
+    assert plan_layout("auto", "tensor", etp2, ENGINE, None).layout == "engine"
+    assert "parallel.etp=2" in plan_layout("auto", "tensor", etp2, ENGINE, None).reason
+    assert plan_layout("auto", "tensor", ActorLayout(1, 1, ep=1, etp=1), ENGINE, None) == LayoutPlan("shared")
+
+
+def test_moe_checkpoints_take_the_engine_and_shared_layouts():
+    from mcore_rl.bridge.engine_layout import unsupported_reason
+    from tests.bridge.test_engine_layout import MIXTRAL, QWEN3_MOE
+
+    for hf in (QWEN3_MOE, MIXTRAL):
+        assert plan_layout("auto", "tensor", WHOLE, ENGINE, unsupported_reason(hf)) == LayoutPlan("shared")
+    blocker = unsupported_reason(dict(QWEN3_MOE, quantization_config={"quant_method": "fp8"}))
+    assert plan_layout("auto", "tensor", WHOLE, ENGINE, blocker).layout == "hf"
+
+
+def test_moe_runner_backends_that_hold_experts_differently_block_the_engine_layout():
+    for backend in (None, "auto", "triton"):
+        assert engine_blocker(EngineFacts(moe_runner_backend=backend)) is None
+    reason = ("rollout.extra_args.moe_runner_backend='flashinfer_cutlass' (the engine layout writes MoE experts as "
+              "SGLang's triton runner holds them; needs auto or triton)")
+    assert engine_blocker(EngineFacts(moe_runner_backend="flashinfer_cutlass")) == reason
+    assert plan_layout("auto", "tensor", WHOLE, EngineFacts(moe_runner_backend="flashinfer_cutlass"),
+                       None) == LayoutPlan("hf", reason)
