@@ -12,11 +12,13 @@ Processes the worker did not start are never touched: only its own descendants, 
 scheduler processes already do this for their parent.
 
 `StopSignals` turns SIGTERM (what SLURM and Kubernetes send before they kill) into a request the training loop
-reads at its next safe point, where it saves a checkpoint and exits. torchrun sends it to each worker's whole
-process group, so the in-process SGLang engine's children get it too: mcore_rl/rollout/inprocess.py starts them
-with it ignored (an ignored signal stays ignored across exec) and takes SGLang's own SIGTERM handler (drain and
-shut down) off its event loop, so the engine lives until the run has saved; it ends with the run
-(parent-death signal, or the engine's shutdown, which uses SIGKILL).
+reads at its next safe point, where it saves a checkpoint and exits; inside `StopSignals.interrupting()` (a
+start-up that has no safe point, such as the rollout engine's) it raises StopRequested instead. torchrun sends
+it to each worker's whole process group, so the in-process SGLang engine's children get it too:
+mcore_rl/rollout/inprocess.py starts them with it blocked (a blocked signal stays blocked across exec, and the
+worker's own handler still runs) and takes SGLang's own SIGTERM handler (drain and shut down) off its event loop,
+so the engine lives until the run has saved; it ends with the run (parent-death signal, or the engine's
+shutdown, which uses SIGKILL).
 
 `OutputLock` is an OS file lock (fcntl.flock) on `<folder>/.lock`, held for a run's lifetime and released by
 the kernel when the holder dies, however it dies; the file records who holds it (host, pid, start time) for the
@@ -28,6 +30,7 @@ Linux only for the parent-death parts (prctl); elsewhere they do nothing. No tor
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import logging
@@ -106,6 +109,15 @@ def follow_launcher(poll_s: float = 0.5, grace_s: float = 3.0) -> threading.Thre
     return thread
 
 
+class StopRequested(BaseException):
+    """A stop signal arrived inside StopSignals.interrupting(). A BaseException, like KeyboardInterrupt, so that
+    `except Exception` error handling lets it through. args[0]: the signal's name."""
+
+    @property
+    def signal_name(self) -> str:
+        return self.args[0]
+
+
 class StopSignals:
     """Note the first of `names` (e.g. ["SIGTERM", "SIGUSR1"]) that arrives, instead of dying of it.
 
@@ -117,6 +129,7 @@ class StopSignals:
     def __init__(self, names: list[str]):
         self.signals = [signal.Signals[n] for n in names]
         self.received: str | None = None
+        self._interrupting = False
 
     def install(self) -> "StopSignals":
         if threading.current_thread() is threading.main_thread():
@@ -124,10 +137,33 @@ class StopSignals:
                 signal.signal(sig, self._on_signal)
         return self
 
+    @contextlib.contextmanager
+    def interrupting(self):
+        """Inside the block, the first stop signal raises StopRequested in the main thread (at once if one came
+        before the block): for a wait with no safe point to stop at, such as the rollout engine's start-up."""
+        if self.received is not None:
+            raise StopRequested(self.received)
+        self._interrupting = True
+        try:
+            yield
+        finally:
+            self._interrupting = False
+
+    def exit(self, code: int = STOPPED_EXIT_CODE) -> None:
+        """Exit with `code`, ignoring the stop signals from now on: torchrun signals the workers still alive when
+        one has exited, and Python's finalization (a second or two with SGLang loaded) gives a handled signal its
+        default action back, so a worker would die of SIGTERM instead of exiting with its own status."""
+        for sig in self.signals:
+            signal.signal(sig, signal.SIG_IGN)
+        raise SystemExit(code)
+
     def _on_signal(self, signum, frame) -> None:
         name = signal.Signals(signum).name
         if self.received is None:
             self.received = name
+            if self._interrupting:
+                self._interrupting = False
+                raise StopRequested(name)
             log.info("received %s: the run stops at the end of this step, saves a checkpoint and exits "
                      "(exit status %d)", name, STOPPED_EXIT_CODE)
         else:
@@ -148,19 +184,22 @@ class OutputLock:
 
     FILE = ".lock"
 
-    def __init__(self, folder: str | os.PathLike, what: str = "run", lock_file: str | os.PathLike | None = None):
+    def __init__(self, folder: str | os.PathLike, what: str = "run", lock_file: str | os.PathLike | None = None,
+                 elsewhere: str = "trainer.output_dir=..."):
         """lock_file: where the lock lives; default `<folder>/.lock`. A folder that is replaced as a whole (an
-        atomically written conversion output) needs its lock beside it: OutputLock.beside(path)."""
+        atomically written conversion output) needs its lock beside it: OutputLock.beside(path). elsewhere: how
+        a refused process is pointed at another folder (its message says so)."""
         self.folder = os.fspath(folder)
         self.what = what
+        self.elsewhere = elsewhere
         self.path = os.fspath(lock_file) if lock_file is not None else os.path.join(self.folder, self.FILE)
         self._fd: int | None = None
 
     @classmethod
-    def beside(cls, path: str | os.PathLike, what: str = "run") -> "OutputLock":
+    def beside(cls, path: str | os.PathLike, what: str = "run", elsewhere: str = "another output path") -> "OutputLock":
         """The lock of an output that is written elsewhere and renamed into place: `<path>.lock`, in its parent."""
         path = os.path.abspath(os.fspath(path))
-        return cls(path, what, lock_file=path + ".lock")
+        return cls(path, what, lock_file=path + ".lock", elsewhere=elsewhere)
 
     def acquire(self) -> "OutputLock":
         import fcntl
@@ -175,7 +214,7 @@ class OutputLock:
             raise OutputLockedError(
                 f"{self.folder} is in use by another {holder.get('what', 'process')} (host {holder.get('host', '?')}, "
                 f"pid {holder.get('pid', '?')}, started {holder.get('started', '?')}). Wait for it to finish or stop "
-                "it, or point this one at another folder (trainer.output_dir=..., or another output path)") from None
+                f"it, or point this one at another folder ({self.elsewhere})") from None
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps({"what": self.what, "host": socket.gethostname(), "pid": os.getpid(),
                                  "started": datetime.datetime.now().isoformat(timespec="seconds")}).encode())

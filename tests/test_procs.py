@@ -1,5 +1,6 @@
-"""mcore_rl/procs.py with real processes: the output lock (held, named, released when its holder dies however
-it dies) and die_with_parent (a child launched with it does not outlive a parent killed with SIGKILL)."""
+"""mcore_rl/procs.py with real processes and signals: the output lock (held, named, released when its holder dies
+however it dies), die_with_parent (a child launched with it does not outlive a parent killed with SIGKILL) and the
+stop signals (noted, or raised inside `interrupting()`)."""
 
 import os
 import signal
@@ -11,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from mcore_rl.procs import OutputLock, OutputLockedError
+from mcore_rl.procs import OutputLock, OutputLockedError, StopRequested, StopSignals
 
 HOLD = textwrap.dedent("""
     import sys, time
@@ -55,8 +56,9 @@ def test_lock_beside_an_atomically_replaced_output(tmp_path):
     lock = OutputLock.beside(tmp_path / "converted", what="conversion")
     assert lock.path == str(tmp_path / "converted") + ".lock"
     with lock:
-        with pytest.raises(OutputLockedError, match="in use by another conversion"):
-            OutputLock.beside(tmp_path / "converted").acquire()
+        with pytest.raises(OutputLockedError, match="in use by another conversion") as e:
+            OutputLock.beside(tmp_path / "converted", elsewhere="another --out").acquire()
+        assert "or point this one at another folder (another --out)" in str(e.value)
 
 
 PARENT = textwrap.dedent("""
@@ -87,3 +89,35 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+@pytest.fixture
+def stop():
+    previous = signal.getsignal(signal.SIGUSR1)
+    yield StopSignals(["SIGUSR1"]).install()
+    signal.signal(signal.SIGUSR1, previous)
+
+
+def _deliver(sig=signal.SIGUSR1) -> None:
+    os.kill(os.getpid(), sig)
+    time.sleep(0.05)  # the handler runs in this (main) thread at the next bytecode
+
+
+def test_stop_signal_is_noted_outside_interrupting(stop):
+    _deliver()
+    assert stop.received == "SIGUSR1"
+    _deliver()  # a second one is logged, not raised
+    with pytest.raises(StopRequested) as e:  # one that came before the block ends it at once
+        with stop.interrupting():
+            pytest.fail("the block ran after a stop signal")
+    assert e.value.signal_name == "SIGUSR1"
+
+
+def test_stop_signal_ends_an_interrupting_block_once(stop):
+    with pytest.raises(StopRequested, match="SIGUSR1"):
+        with stop.interrupting():
+            _deliver()
+            time.sleep(5)
+            pytest.fail("the signal did not interrupt the block")
+    assert stop.received == "SIGUSR1" and not stop._interrupting
+    _deliver()  # after the block: noted only

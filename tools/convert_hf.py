@@ -5,7 +5,9 @@
     torchrun --nproc_per_node 1 tools/convert_hf.py to-hf --ckpt CKPT --out HF2 [--hf-dir HF] [--dtype bf16]
 
 The number of processes must be a multiple of tp x pp (and of tp x ep x pp with --ep). Outputs are written
-atomically; an existing output is refused unless --overwrite.
+atomically; an existing output is refused unless --overwrite, and so is an output another conversion is writing
+(an OS file lock, OUT.lock beside it). A truncated or corrupt safetensors file, or a shard the index lists that is
+not there, is named before anything is written. Errors of this kind print one line per rank and exit with 2.
 """
 
 import argparse
@@ -45,6 +47,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     from mcore_rl.bridge.convert import hf_to_mcore, mcore_to_hf
+    from mcore_rl.procs import OutputLockedError
 
     common = dict(tp=args.tp, pp=args.pp, ep=args.ep, dtype=args.dtype, overwrite=args.overwrite,
                   progress=not args.no_progress)
@@ -53,7 +56,7 @@ def main(argv=None) -> int:
             hf_to_mcore(args.hf_dir, args.out, strict=not args.allow_extra, **common)
         else:
             mcore_to_hf(args.ckpt, args.out, hf_dir=args.hf_dir, max_shard_size=args.max_shard_size, **common)
-    except (ValueError, FileExistsError, FileNotFoundError) as err:  # user errors: one line, no traceback
+    except (ValueError, FileExistsError, FileNotFoundError, OutputLockedError) as err:  # user errors: one line
         print(f"convert_hf.py {args.direction}: error [rank {os.environ.get('RANK', '0')}]: {err}", file=sys.stderr)
         return 2
     finally:

@@ -11,6 +11,10 @@ A Megatron checkpoint written by `hf_to_mcore` is self-describing:
 Outputs are written atomically: into a temporary folder next to the target (`.NAME.tmp-XXXX`), renamed into place
 once every rank has finished. On any error every rank removes that folder, so nothing partial remains. An
 existing output is refused unless overwrite=True. The output must be on a filesystem every rank sees.
+
+One conversion per output: rank 0 holds an OS file lock beside it (`NAME.lock`, mcore_rl/procs.py OutputLock)
+from before the output is checked until it is in place; a second conversion to the same output fails at once,
+on every rank, naming the holder. The lock file stays (harmless once its holder is gone).
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ from mcore_rl.bridge.hf_io import DTYPE_NAMES, SafetensorsReader, ShardedWriter,
 from mcore_rl.bridge.load import load_hf_weights
 from mcore_rl.bridge.maps import EMBEDDING
 from mcore_rl.parallel.runtime import barrier as _barrier
+from mcore_rl.parallel.runtime import from_rank0
 from mcore_rl.parallel.runtime import rank as _rank
+from mcore_rl.procs import OutputLock, OutputLockedError
 
 FORMAT = "mcore_rl.bridge/1"
 META_FILE = "mcore_rl.json"
@@ -63,15 +69,26 @@ def _mkdtemp(out: Path, tag: str) -> str:
 def atomic_output_dir(out: str | os.PathLike, overwrite: bool = False):
     """Yield a temporary folder (the same on every rank) that becomes `out` when the block succeeds everywhere.
 
-    Collective. On an exception (or SIGTERM, which torchrun sends to the other workers when one fails) the
-    temporary folder is removed by whichever rank gets there, and the exception propagates.
+    Collective. Rank 0 holds the output's lock throughout; a held lock (OutputLockedError) or an existing output
+    is raised on every rank. On an exception (or SIGTERM, which torchrun sends to the other workers when one
+    fails) the temporary folder is removed by whichever rank gets there, and the exception propagates.
     """
-    out = check_output(out, overwrite)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = [_mkdtemp(out, "tmp") if _rank() == 0 else None]
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.broadcast_object_list(tmp, src=0)
-    tmp = Path(tmp[0])
+    out = Path(out)
+    lock = OutputLock.beside(out, what="conversion", elsewhere="another --out")
+    tmp = None
+    if _rank() == 0:
+        try:
+            lock.acquire()
+            check_output(out, overwrite)  # again, under the lock: a conversion that held it may have finished
+            tmp = _mkdtemp(out, "tmp")
+        except (OutputLockedError, OSError) as e:  # every rank raises it (from_rank0)
+            lock.release()
+            tmp = e
+    try:
+        tmp = Path(from_rank0(tmp))
+    except BaseException:
+        lock.release()
+        raise
     main_thread = threading.current_thread() is threading.main_thread()  # signal handlers live there only
     previous = signal.getsignal(signal.SIGTERM) if main_thread else None
     if main_thread:
@@ -92,6 +109,7 @@ def atomic_output_dir(out: str | os.PathLike, overwrite: bool = False):
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
+        lock.release()
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
 

@@ -46,8 +46,32 @@ def parse_size(size: str | int) -> int:
     return value
 
 
+def check_safetensors(path: str | os.PathLike) -> None:
+    """A ValueError naming the file when it is not the size its header says (a download or a write that was cut
+    short) or its header does not parse; safetensors itself says only "incomplete metadata". Reads the header
+    only, so it does not see corrupt bytes inside the tensors."""
+    size = os.path.getsize(path)
+    what = f"{path} is truncated or corrupt"
+    todo = "re-download or re-export it"
+    with open(path, "rb") as f:
+        head = f.read(8)
+        header_len = int.from_bytes(head, "little")
+        if len(head) < 8 or 8 + header_len > size:
+            raise ValueError(f"{what}: it has {size} bytes, less than its header needs "
+                             f"({8 + header_len if len(head) == 8 else 8}); {todo}")
+        try:
+            header = json.loads(f.read(header_len))
+            data_len = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
+            raise ValueError(f"{what}: its header is not a safetensors header ({type(e).__name__}: {e}); "
+                             f"{todo}") from None
+    if 8 + header_len + data_len != size:
+        raise ValueError(f"{what}: header says {8 + header_len + data_len} bytes, file has {size}; {todo}")
+
+
 def weight_files(hf_dir: str | os.PathLike) -> dict[str, str]:
-    """HF name -> file (absolute path) of every tensor in the folder's safetensors."""
+    """HF name -> file (absolute path) of every tensor in the folder's safetensors. Every file is checked against
+    its header first (check_safetensors), and every shard the index lists must be there."""
     root = Path(hf_dir)
     index = root / INDEX_FILE
     if index.is_file():
@@ -55,12 +79,16 @@ def weight_files(hf_dir: str | os.PathLike) -> dict[str, str]:
             weight_map = json.load(f)["weight_map"]
         missing = sorted({v for v in weight_map.values() if not (root / v).is_file()})
         if missing:
-            raise FileNotFoundError(f"{index} names shard files that are not there: {missing}")
+            raise FileNotFoundError(f"{index} lists shard files that are not there: {missing}; the download or "
+                                    "export is incomplete: re-download or re-export them")
+        for file in sorted(set(weight_map.values())):
+            check_safetensors(root / file)
         return {name: str(root / file) for name, file in weight_map.items()}
     single = root / SINGLE_FILE
     if single.is_file():
         from safetensors import safe_open
 
+        check_safetensors(single)
         with safe_open(str(single), "pt") as f:
             return {name: str(single) for name in f.keys()}
     files = sorted(root.glob("*.safetensors"))

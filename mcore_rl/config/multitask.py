@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, fields
 
 from omegaconf import MISSING
 
+from mcore_rl.config.agent import AgentConfig
 from mcore_rl.config.data import DataConfig, PreferenceDataConfig, _FileDataConfig
 from mcore_rl.config.reward import RewardConfig
 from mcore_rl.config.rl import AlgorithmConfig
@@ -105,6 +106,9 @@ class TaskConfig:
     """rl tasks: how samples are scored; null = the top-level `reward`. dpo tasks must leave it null."""
     dpo: DPOSettings = field(default_factory=DPOSettings)
     """dpo tasks: the loss's settings."""
+    agent: AgentConfig | None = None
+    """rl tasks: multi-turn rollouts with tools (config/agent.py); null = the top-level `agent` (itself null:
+    single-turn). dpo tasks must leave it null."""
 
     def __post_init__(self):
         if not re.fullmatch(r"[A-Za-z0-9_-]+", self.name or ""):
@@ -122,6 +126,8 @@ class TaskConfig:
         if not self.is_rl and (self.algorithm is not None or self.reward is not None):
             raise ValueError(f"task {self.name}: a dpo task has no algorithm or reward; remove them (its loss is set "
                              "by dpo: {beta, loss_type, label_smoothing})")
+        if not self.is_rl and self.agent is not None:
+            raise ValueError(f"task {self.name}: a dpo task generates nothing, so it takes no agent; remove it")
         try:  # validate the fields this task reads, with the task named in the message
             self.dataset_config()
         except ValueError as e:

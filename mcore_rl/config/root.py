@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mcore_rl.config.agent import AgentConfig
 from mcore_rl.config.data import DataConfig, PreferenceDataConfig
 from mcore_rl.config.model import ModelConfig
 from mcore_rl.config.multitask import DPOSettings, MultiTaskConfig, TaskConfig
@@ -43,6 +44,9 @@ class TaskSpec:
     """rl tasks."""
     dpo: DPOSettings | None
     """dpo tasks."""
+    agent: AgentConfig | None = None
+    """rl tasks with multi-turn tool-using rollouts (TaskConfig.agent, or the top-level `agent`); None =
+    single-turn."""
 
     @property
     def is_rl(self) -> bool:
@@ -80,6 +84,9 @@ class RLConfig:
     `reward` and `trainer.prompts_per_step`."""
     multitask: MultiTaskConfig = field(default_factory=MultiTaskConfig)
     """Task scheduler and global KL monitor (the monitor also works with one task)."""
+    agent: AgentConfig | None = None
+    """Multi-turn rollouts with tools (config/agent.py, docs/agent.md) of the single task, and of every rl task
+    in `tasks` that leaves its own out; null = single-turn rollouts."""
 
     def __post_init__(self):
         if self.tasks:
@@ -87,7 +94,7 @@ class RLConfig:
         for task in self.task_specs():
             where = f"task {task.name}: " if self.tasks else ""
             if task.is_rl:
-                self._check_rl_task(task.algorithm, where)
+                self._check_rl_task(task.algorithm, where, task.agent)
             elif not self.ref.enabled:
                 raise ValueError(f"{where}dpo compares the actor with the reference; set ref.enabled=true")
         self._check_weight_sync_layout()
@@ -108,21 +115,28 @@ class RLConfig:
         `algorithm` / `data` / `reward` / `trainer.prompts_per_step`."""
         if not self.tasks:
             return [TaskSpec(name=self.algorithm.name, kind="rl", weight=1.0, batch_size=self.trainer.prompts_per_step,
-                             clip_grad=0.0, data=self.data, algorithm=self.algorithm, reward=self.reward, dpo=None)]
+                             clip_grad=0.0, data=self.data, algorithm=self.algorithm, reward=self.reward, dpo=None,
+                             agent=self.agent)]
         specs = []
         for t in self.tasks:
             rl = t.is_rl
             specs.append(TaskSpec(name=t.name, kind=t.kind, weight=t.weight, batch_size=t.batch_size,
                                   clip_grad=t.clip_grad, data=t.dataset_config(),
                                   algorithm=(t.algorithm or self.algorithm) if rl else None,
-                                  reward=(t.reward or self.reward) if rl else None, dpo=None if rl else t.dpo))
+                                  reward=(t.reward or self.reward) if rl else None, dpo=None if rl else t.dpo,
+                                  agent=(t.agent or self.agent) if rl else None))
         return specs
 
-    def _check_rl_task(self, algo: AlgorithmConfig, where: str) -> None:
-        if algo.overlong_buffer > self.rollout.max_new_tokens:
+    def _check_rl_task(self, algo: AlgorithmConfig, where: str, agent: AgentConfig | None = None) -> None:
+        budget, budget_name = ((agent.max_response_tokens, "agent.max_response_tokens") if agent is not None
+                               else (self.rollout.max_new_tokens, "rollout.max_new_tokens"))
+        if algo.overlong_buffer > budget:
             raise ValueError(f"{where}algorithm.overlong_buffer ({algo.overlong_buffer}) must be at most "
-                             f"rollout.max_new_tokens ({self.rollout.max_new_tokens}): the penalty ramps in over the "
+                             f"{budget_name} ({budget}): the penalty ramps in over the "
                              "last overlong_buffer tokens of the response budget")
+        if agent is not None and (self.rollout.return_routed_experts or self.model.moe_routing_replay):
+            raise ValueError(f"{where}agent rollouts do not carry the engine's routed experts across turns: set "
+                             "model.moe_routing_replay=false and rollout.return_routed_experts=false, or agent=null")
         if algo.adv_estimator == "gae" and not self.critic.enabled:
             raise ValueError(f"{where}algorithm.adv_estimator=gae needs a critic: add critic=default "
                              "(critic.enabled=true)")

@@ -63,6 +63,14 @@ def _close_zmq_contexts(contexts) -> None:
             ctx.destroy(linger=0)
 
 
+def _restore_signals(handlers: dict) -> None:
+    """The trainer's handlers back (SGLang's event loop takes SIGTERM), and its signals unblocked: one that arrived
+    during the engine's start-up is handled now."""
+    for s, handler in handlers.items():
+        signal.signal(s, handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _TRAINER_SIGNALS)
+
+
 def kill_pids(pids) -> None:
     """SIGKILL these processes and their descendants, and reap them."""
     import psutil
@@ -98,16 +106,23 @@ class InProcessBackend(Backend):
         import sglang
 
         saved_handlers = {}
+        before, started, expired = _children(), threading.Event(), threading.Event()
         if in_main:
             _SIGQUIT_SEEN.clear()
             args = {**args, "custom_sigquit_handler": _on_sigquit}
-            # SGLang's processes start with these ignored (kept across exec): a scheduler's SIGTERM (torchrun signals
-            # the worker's whole process group) stops the trainer at its next safe point (trainer.stop_signals), not
+            # SGLang's processes start with these blocked (the mask is kept across exec): a SIGTERM to the worker's
+            # whole process group (torchrun) stops the trainer at its next safe point (trainer.stop_signals), not
             # the engine in the middle of the step the trainer is about to save. The engine's shutdown uses SIGKILL.
+            # Blocked in this thread only, not ignored: the trainer's handler still gets a signal that arrives
+            # during the start-up (through another thread, or when unblocked), and may end the start-up.
             saved_handlers = {s: signal.getsignal(s) for s in _TRAINER_SIGNALS}
-            for s in _TRAINER_SIGNALS:
-                signal.signal(s, signal.SIG_IGN)
-        before, started, expired = _children(), threading.Event(), threading.Event()
+            # multiprocessing's resource tracker, started on first use, unblocks SIGINT and SIGTERM in the thread that
+            # starts it (after starting it with them blocked): start it now, so SGLang's start-up does not (it is
+            # one of the processes a failed start-up kills, as before).
+            from multiprocessing import resource_tracker
+
+            resource_tracker.ensure_running()
+            signal.pthread_sigmask(signal.SIG_BLOCK, _TRAINER_SIGNALS)
         contexts_before = {id(c) for c in _zmq_contexts()}
 
         def expire():  # kill what the launch has spawned, so SGLang's wait for its scheduler returns
@@ -122,6 +137,8 @@ class InProcessBackend(Backend):
         except BaseException as e:
             kill_pids(_children() - before)
             _close_zmq_contexts([c for c in _zmq_contexts() if id(c) not in contexts_before])
+            if not isinstance(e, Exception):  # a stop signal (procs.StopRequested), Ctrl-C: not an engine failure
+                raise
             if expired.is_set():
                 raise RolloutEngineError(
                     f"SGLang engine did not start within {startup_timeout_s:g} s (rollout.startup_timeout_s) "
@@ -135,19 +152,25 @@ class InProcessBackend(Backend):
                 "engine settings.") from e
         finally:
             started.set()
-            for s, handler in saved_handlers.items():
-                signal.signal(s, handler)
+            if in_main and self._engine is None:
+                _restore_signals(saved_handlers)
         self._child_pids = list(self._engine.get_all_child_pids())
         self._zmq_contexts = [c for c in _zmq_contexts() if id(c) not in contexts_before]
-        if in_main:  # the tokenizer manager re-registers SGLang's kill-everything SIGQUIT handler on its loop,
-            # and a SIGTERM handler that drains and shuts the engine down: ours (or the default) stay in charge
-            for s in (signal.SIGQUIT, signal.SIGTERM):
-                try:
-                    self._engine.loop.remove_signal_handler(s)
-                except (RuntimeError, ValueError):
-                    pass
+        if in_main:  # the tokenizer manager registers SGLang's kill-everything SIGQUIT handler on its loop, and a
+            # SIGTERM handler that drains and shuts the engine down: ours (or the default) stay in charge. It does so
+            # when it first uses the loop (the first generate), so make it do that now; and uvloop removes a handler
+            # only while its loop runs (outside, remove_signal_handler does nothing and says False).
+            loop, tokenizer_manager = self._engine.loop, self._engine.tokenizer_manager
+
+            async def take_signals_back():
+                if hasattr(tokenizer_manager, "auto_create_handle_loop"):
+                    tokenizer_manager.auto_create_handle_loop()
+                for s in (signal.SIGQUIT, signal.SIGTERM):
+                    loop.remove_signal_handler(s)
+
+            loop.run_until_complete(take_signals_back())
             signal.signal(signal.SIGQUIT, _on_sigquit)
-            signal.signal(signal.SIGTERM, saved_handlers[signal.SIGTERM])
+            _restore_signals(saved_handlers)
         atexit.unregister(self._engine.shutdown)
         atexit.register(self.shutdown)
 

@@ -22,10 +22,16 @@ from mcore_rl.types import Sample
 
 
 def response_mask(samples: Sequence[Sample]) -> Tensor:
-    """[B, R] float32 ones over each sample's response tokens."""
+    """[B, R] float32 ones over each sample's response tokens, zeros over padding and over the tokens a tool or
+    the chat template put into a multi-turn response (Sample.response_mask): they carry no loss, KL or entropy
+    and are not in the rollout/trainer log-prob gap."""
     lengths = torch.tensor([len(s.response_ids) for s in samples])
     width = max(1, int(lengths.max()) if len(samples) else 1)
-    return (torch.arange(width)[None, :] < lengths[:, None]).float()
+    mask = (torch.arange(width)[None, :] < lengths[:, None]).float()
+    for i, s in enumerate(samples):
+        if s.response_mask is not None:
+            mask[i, :len(s.response_mask)] = torch.tensor(s.response_mask, dtype=torch.float32)
+    return mask
 
 
 def to_response_space(per_token: Sequence[Tensor], samples: Sequence[Sample], width: int) -> Tensor:
@@ -56,14 +62,15 @@ def rollout_logprobs(samples: Sequence[Sample], width: int) -> Tensor:
 
 
 def sample_sequences(samples: Sequence[Sample], with_routes: bool = True, **fields: Sequence[Tensor]) -> Sequences:
-    """Rollout samples as engine sequences: prompt + response ids, loss_mask on the response, plus token-space
+    """Rollout samples as engine sequences: prompt + response ids, loss_mask on the response (on the model's own
+    tokens of a multi-turn response: Sample.response_mask), plus token-space
     fields (advantages=..., ref_logprobs=...), and the rollout's routes when the samples carry them (routing
     replay) and with_routes."""
     ids, masks = [], []
     for s in samples:
         p, r = len(s.prompt_ids), len(s.response_ids)
         mask = torch.zeros(p + r, dtype=torch.float32)
-        mask[p:] = 1.0
+        mask[p:] = 1.0 if s.response_mask is None else torch.tensor(s.response_mask, dtype=torch.float32)
         ids.append(torch.tensor(list(s.prompt_ids) + list(s.response_ids), dtype=torch.long))
         masks.append(mask)
     routes = token_routes(samples) if with_routes else None

@@ -24,7 +24,7 @@ import torch
 from mcore_rl import algorithms as alg
 from mcore_rl.config.root import RLConfig
 from mcore_rl.parallel.runtime import any_rank
-from mcore_rl.procs import STOPPED_EXIT_CODE, StopSignals
+from mcore_rl.procs import StopRequested, StopSignals
 from mcore_rl.rollout.errors import RolloutEngineError
 from mcore_rl.trainer.run import Run
 from mcore_rl.trainer.step_data import Skip
@@ -35,7 +35,14 @@ log = logging.getLogger("mcore_rl")
 
 def train(cfg: RLConfig) -> None:
     stop = StopSignals(cfg.trainer.stop_signals).install()  # before any thread or child process exists
-    run = Run(cfg)
+    try:
+        run = Run(cfg, stop)
+    except StopRequested as e:  # every rank has it (run.start_rollout): one line, from rank 0
+        log.info("stopped by %s while the rollout engine was starting, %s", *e.args)
+        stop.exit()
+    except RolloutEngineError as e:
+        log.info("the rollout engine failed to start: %s", e)
+        stop.exit(1)
     step = run.start_step
     try:
         scheduler, kl_monitor = build_scheduler(cfg, run)
@@ -62,13 +69,13 @@ def train(cfg: RLConfig) -> None:
                     save(step)
                 log.info("stopped by %s after step %d; checkpoint %s; continue with trainer.resume=auto",
                          stop.received or "a signal on another rank", step, run.last_checkpoint)
-                raise SystemExit(STOPPED_EXIT_CODE)
+                stop.exit()
         if cfg.trainer.export_hf:
             run.export_hf()
     except RolloutEngineError as e:  # every rank has it (rl_step.generate): one line, from rank 0
         log.info("the rollout engine failed in step %d: %s. Last checkpoint: %s; continue with "
                  "trainer.resume=auto", step, e, run.last_checkpoint or "none this run")
-        raise SystemExit(1) from None
+        stop.exit(1)
     except KeyboardInterrupt:
         log.info("interrupted in step %d. Last checkpoint: %s; continue with trainer.resume=auto", step,
                  run.last_checkpoint or "none this run")

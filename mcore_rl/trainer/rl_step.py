@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from mcore_rl import algorithms as alg
+from mcore_rl.agent.rollout import agent_metrics
 from mcore_rl.config.rl import ActorConfig, AlgorithmConfig
 from mcore_rl.parallel.runtime import from_rank0
 from mcore_rl.rollout.errors import RolloutEngineError
@@ -61,18 +62,28 @@ def old_logprob_source(mode: str, *, ppo_epochs: int, num_mini_batches: int, kl_
     return "recompute"
 
 
-def generate(ctx: StepContext, engine, rewards, prompts, n: int, first_group_id: int) -> tuple[Rollout, dict]:
-    """Rank 0 generates n samples per prompt and scores them; every rank gets the samples."""
+def generate(ctx: StepContext, engine, rewards, prompts, n: int, first_group_id: int,
+             agent=None) -> tuple[Rollout, dict]:
+    """Rank 0 generates n samples per prompt and scores them; every rank gets the samples.
+
+    agent: an AgentRollout (mcore_rl.agent.rollout; rank 0) for multi-turn tool-using trajectories, whose
+    response is the whole trajectory after the prompt (tool tokens masked by Sample.response_mask); None =
+    single-turn samples."""
     m: dict[str, float] = {}
     t0 = time.perf_counter()
     payload = error = None
     if engine is not None:
         try:
-            batch = engine.generate([p.prompt_ids for p in prompts], n=n, first_group_id=first_group_id,
-                                    metas=[p.meta for p in prompts], prompt_texts=[p.prompt_text for p in prompts])
+            if agent is None:
+                batch = engine.generate([p.prompt_ids for p in prompts], n=n, first_group_id=first_group_id,
+                                        metas=[p.meta for p in prompts], prompt_texts=[p.prompt_text for p in prompts])
+            else:
+                batch = agent.generate(engine, prompts, n, first_group_id=first_group_id)
             for s in batch.samples:
                 s.response_text = ctx.tokenizer.decode(s.response_ids, skip_special_tokens=True)
             scored = rewards.score(batch.samples)
+            if agent is not None:
+                add_turn_rewards(batch.samples)
             payload = [batch.samples, batch.policy_version, scored]
         except Exception as e:  # every rank raises it, instead of waiting for samples that never come
             error = e
@@ -86,12 +97,20 @@ def generate(ctx: StepContext, engine, rewards, prompts, n: int, first_group_id:
         raise
     m.update(rollout_metrics)
     m["timing/rollout_s"] = time.perf_counter() - t0
-    num_gen = sum(len(s.response_ids) for s in samples)
+    num_gen = sum(s.num_model_tokens for s in samples)  # generated tokens: a tool's reply tokens are not
     m["throughput/rollout_tokens_per_s"] = num_gen / max(m["timing/rollout_s"], 1e-9)
     m["response_length/mean"] = num_gen / len(samples)
     m["response_length/clip_frac"] = sum(s.finish_reason == "length" for s in samples) / len(samples)
     m["rollout/sample_weight_version"] = float(version)
+    m.update(agent_metrics(samples))  # {} for single-turn samples
     return Rollout(samples, version), m
+
+
+def add_turn_rewards(samples) -> None:
+    """agent.turn_reward: each trajectory's per-turn rewards summed into its reward."""
+    for s in samples:
+        if s.agent is not None and s.agent.turn_rewards:
+            s.reward = float(s.reward) + sum(s.agent.turn_rewards)
 
 
 def prepare(ctx: StepContext, rollout: Rollout, algo: AlgorithmConfig, actor_cfg: ActorConfig, max_new_tokens: int,

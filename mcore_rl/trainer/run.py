@@ -1,7 +1,7 @@
 """Everything a run holds, set up once and torn down once: parallel state, the actor / reference / critic engines,
 the tasks, the rollout engine and its rewards, the weight sync, metrics, checkpoints. The loop (loop.py) uses it.
 
-    run = Run(cfg)            # every torchrun process; rank 0 also owns the SGLang engine and the rewards
+    run = Run(cfg, stop)      # every torchrun process; rank 0 also owns the SGLang engine and the rewards
     run.sync_weights(step)    # actor -> engine, checked against the engine's count
     run.save(step, state)     # atomic run checkpoint (engines, RNG, state.json)
     run.close()
@@ -9,6 +9,7 @@ the tasks, the rollout engine and its rewards, the weight sync, metrics, checkpo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -19,7 +20,8 @@ import torch.distributed as dist
 
 from mcore_rl.config.root import RLConfig
 from mcore_rl.parallel.runtime import from_rank0
-from mcore_rl.procs import OutputLock, OutputLockedError, follow_launcher
+from mcore_rl.procs import OutputLock, OutputLockedError, StopRequested, StopSignals, follow_launcher
+from mcore_rl.rollout.errors import RolloutEngineError
 from mcore_rl.trainer import checkpoint as ckpt
 from mcore_rl.trainer.metrics import MetricsLogger
 from mcore_rl.trainer.rl_step import StepContext
@@ -29,7 +31,9 @@ log = logging.getLogger("mcore_rl")
 
 
 class Run:
-    def __init__(self, cfg: RLConfig):
+    def __init__(self, cfg: RLConfig, stop: StopSignals | None = None):
+        """stop: the run's stop signals; one that arrives while the rollout engine starts ends the start-up
+        (StopRequested on every rank)."""
         from megatron.core import parallel_state as ps
 
         from mcore_rl.weight_sync import WeightSync
@@ -78,12 +82,15 @@ class Run:
         self.sync = None
         self.expected_syncs = 0
         if rl_tasks:
+            try:
+                self.rollout = start_rollout(cfg, self.model_path, stop)
+            except StopRequested as e:  # before this run's first step: say what there is to continue from
+                raise StopRequested(e.signal_name, f"before step {self.start_step + 1}; " + (
+                    f"checkpoint {self.last_checkpoint}; continue with trainer.resume=auto" if self.last_checkpoint
+                    else "no checkpoint exists (the first is saved after step 1): start the run again")) from None
             if dist.get_rank() == 0:
                 from mcore_rl.rewards.manager import RewardManager
-                from mcore_rl.rollout.engine import RolloutEngine
 
-                self.rollout = RolloutEngine(cfg.rollout, self.model_path,
-                                             weight_loaders=cfg.weight_sync.engine_loaders)
                 for task in rl_tasks:
                     task.rewards = RewardManager(task.spec.reward)
             self.sync = WeightSync(cfg.weight_sync, self.actor.model_chunks, self.hf, self.rollout,
@@ -204,6 +211,26 @@ def setup(cfg: RLConfig):
     if cfg.trainer.deterministic:
         torch.use_deterministic_algorithms(True)
     return hf, model_path, AutoTokenizer.from_pretrained(model_path), layout
+
+
+def start_rollout(cfg: RLConfig, model_path: str, stop: StopSignals | None):
+    """Global rank 0 starts the SGLang engine (None elsewhere). Collective: its failure (RolloutEngineError) or a
+    stop signal during the start-up (StopRequested) is raised on every rank, so no rank waits for an engine that
+    is not coming."""
+    engine = outcome = None
+    if dist.get_rank() == 0:
+        from mcore_rl.rollout.engine import RolloutEngine
+
+        try:
+            with stop.interrupting() if stop is not None else contextlib.nullcontext():
+                engine = RolloutEngine(cfg.rollout, model_path, weight_loaders=cfg.weight_sync.engine_loaders)
+        except (RolloutEngineError, ValueError, StopRequested) as e:
+            outcome = e
+        except Exception as e:  # anything else: still an engine that did not start, on every rank
+            outcome = RolloutEngineError(f"the SGLang engine failed to start: {type(e).__name__}: {e}")
+            outcome.__cause__ = e
+    from_rank0(outcome)
+    return engine
 
 
 def build_engines(cfg: RLConfig, hf, model_path, *, actor_updates: int, critic_updates: int, use_ref: bool,

@@ -5,9 +5,10 @@
     metrics = task.train_critic(batch)          # the critic's updates on this batch ({} when it has none)
     task.state_dict() / task.load_state_dict()  # data position (and KL controller) for checkpoints
 
-RLTask: prompts -> SGLang rollout -> reward -> forward passes and advantages (rl_step.py).
+RLTask: prompts -> SGLang rollout -> reward -> forward passes and advantages (rl_step.py); with an `agent`
+    node the rollout is multi-turn with tools (mcore_rl/agent/rollout.py), the rest the same.
 PreferenceTask: (prompt, chosen, rejected) pairs -> the reference's log-probs -> the DPO loss.
-A new kind (agentic, asynchronous) is one more class with these methods.
+A new kind (asynchronous) is one more class with these methods.
 """
 
 from __future__ import annotations
@@ -55,27 +56,40 @@ class RLTask:
             mode = "recompute"
         self.old_source = rl.old_logprob_source(mode, ppo_epochs=cfg.actor.ppo_epochs,
                                                 num_mini_batches=num_mini_batches, kl_in_reward=kl_in_reward)
+        self.agent = None  # AgentRollout on global rank 0, built at the first rollout (agent_rollout)
+        # The response budget the length-normalised losses and the overlong penalty measure against: a turn's
+        # for single-turn samples, the whole trajectory's for agentic ones.
+        self.max_response = spec.agent.max_response_tokens if spec.agent else cfg.rollout.max_new_tokens
 
     def next_batch(self, step: int, engine) -> tuple[RLBatch | Skip, dict[str, float]]:
         prompts = self.sampler.next_batch()
         n = self.algo.n_samples_per_prompt
-        rollout, m = rl.generate(self.ctx, engine, self.rewards, prompts, n, (step - 1) * len(prompts))
-        batch, prep_m = rl.prepare(self.ctx, rollout, self.algo, self.cfg.actor, self.cfg.rollout.max_new_tokens,
+        rollout, m = rl.generate(self.ctx, engine, self.rewards, prompts, n, (step - 1) * len(prompts),
+                                 agent=self.agent_rollout(engine))
+        batch, prep_m = rl.prepare(self.ctx, rollout, self.algo, self.cfg.actor, self.max_response,
                                    self.kl_ctl, self.old_source)
         return batch, {**m, **prep_m}
+
+    def agent_rollout(self, engine):
+        """The task's AgentRollout where this rank generates and the task has an `agent` node, else None."""
+        if self.agent is None and engine is not None and self.spec.agent is not None:
+            from mcore_rl.agent.rollout import AgentRollout
+            from mcore_rl.agent.tools import build_tools
+
+            self.agent = AgentRollout(self.spec.agent, self.ctx.tokenizer, build_tools(self.spec.agent.tools))
+        return self.agent
 
     def train_alone(self, batch: RLBatch) -> dict[str, float]:
         """The actor's updates when this is the run's only task: mini-batches x ppo_epochs optimizer steps, each
         under the actor's global clip."""
-        return rl.update_actor(self.ctx, batch, self.cfg.actor, self.num_mini_batches,
-                               self.cfg.rollout.max_new_tokens)
+        return rl.update_actor(self.ctx, batch, self.cfg.actor, self.num_mini_batches, self.max_response)
 
     def objective(self, batch: RLBatch) -> Objective:
         actor = self.ctx.actor
         mbs = rl.micro_batches(actor, batch.actor, self.cfg.actor.max_tokens_per_micro_batch)
         peaks = None if batch.old_source == "recompute" else PeakMetrics(["rollout/logprob_diff_max"], actor.device)
         counts = count(mbs, actor.device, self.ctx.dp_group)
-        loss_fn = actor_loss_fn(self.cfg.actor, counts, self.cfg.rollout.max_new_tokens, self.ctx.ref is not None,
+        loss_fn = actor_loss_fn(self.cfg.actor, counts, self.max_response, self.ctx.ref is not None,
                                 batch.old_source, peaks)
         kl = batch.kl if self.ctx.ref is not None else None
         return Objective(mbs, loss_fn, self.ctx.temperature, True, kl, batch.num_response_tokens, peaks)
