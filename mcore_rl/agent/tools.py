@@ -11,17 +11,14 @@ write one and what the sandbox does and does not protect against.
 from __future__ import annotations
 
 import ast
-import importlib
-import importlib.util
 import math
 import operator
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from mcore_rl.agent.sandbox import SandboxLimits, run_python
+from mcore_rl.user_code import load_object
 
 ERROR_KINDS = ("timeout", "exception", "bad_arguments", "limit", "denied", "crashed")
 
@@ -279,36 +276,11 @@ def _build_one(spec) -> Tool:
 
 
 def _load_class(path: str, spec) -> type[Tool]:
-    if ":" in path:
-        module_name, _, attr = path.rpartition(":")
-    else:
-        module_name, _, attr = path.rpartition(".")
-    if not module_name or not attr:
-        raise ValueError(f"tool spec {_short(spec)}: path {path!r} must look like 'package.module:ClassName' or "
-                         "'path/to/file.py:ClassName'")
-    try:
-        module = _import_file(Path(module_name)) if module_name.endswith(".py") else \
-            importlib.import_module(module_name)
-    except Exception as e:  # anything the user's module raises at import time
-        raise ValueError(f"tool spec {_short(spec)}: cannot import {module_name!r}: {type(e).__name__}: {e}") from e
-    cls: Any = module
-    for part in attr.split("."):
-        if not hasattr(cls, part):
-            raise ValueError(f"tool spec {_short(spec)}: {module_name!r} has no attribute {attr!r}")
-        cls = getattr(cls, part)
+    cls = load_object(path, f"tool spec {_short(spec)}",
+                      f"tool spec {_short(spec)}: path {path!r} must look like 'package.module:ClassName' or "
+                      "'path/to/file.py:ClassName'")
     if not (isinstance(cls, type) and issubclass(cls, Tool)):
         raise ValueError(f"tool spec {_short(spec)}: {path!r} is not a subclass of mcore_rl.agent.tools.Tool "
                          f"(it is {_short(cls, 60)})")
     return cls
 
-
-def _import_file(file: Path) -> Any:
-    if not file.is_file():
-        raise FileNotFoundError(f"no such file {file}")
-    name = f"mcore_rl_user_tool_{abs(hash(str(file.resolve())))}"
-    spec = importlib.util.spec_from_file_location(name, file)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses and pickling look modules up by name
-    spec.loader.exec_module(module)
-    return module

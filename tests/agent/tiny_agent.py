@@ -6,25 +6,11 @@ exercised by model-generated calls, not by a stand-in policy. Also the test tool
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+
+from mcore_rl.agent.tools import Tool, ToolResult
 
 CALL = '<tool_call>{{"name": "{name}", "arguments": {args}}}</tool_call>'
 REPLY_FORMAT = "<|end|><|tool|>{reply}<|end|><|assistant|>"
-
-try:  # the tools module of mcore_rl.agent, once it exists
-    from mcore_rl.agent.tools import Tool, ToolResult
-except ImportError:  # same interface (docs/agent.md)
-    @dataclass
-    class ToolResult:
-        output: str
-        error: str | None = None
-        seconds: float = 0.0
-
-    class Tool:
-        name = ""
-        description = ""
-        parameters: dict = {}
-        timeout_s = 10.0
 
 
 class Add(Tool):

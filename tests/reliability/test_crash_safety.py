@@ -76,6 +76,16 @@ def _wait_until_gone(pids, bound_s: float) -> None:
         time.sleep(0.2)
 
 
+def _ended(proc, run_pids, t0: float) -> float:
+    """Wait for torchrun to exit, then for every process of the run to be gone (bounded); assert none is left.
+    Returns the seconds from t0 to torchrun's exit."""
+    proc.wait(timeout=120)
+    exit_s = time.monotonic() - t0
+    _wait_until_gone(run_pids, EXIT_BOUND_S)
+    assert not _living(run_pids)
+    return exit_s
+
+
 def _stop(proc) -> None:
     """Tear a launched run down whatever state it is in (test cleanup)."""
     try:
@@ -150,10 +160,7 @@ def test_sigterm_saves_and_resume_continues(tiny_model, arith_data, tmp_path, re
         run_pids = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
         os.kill(proc.pid, signal.SIGTERM)  # torchrun passes it on to every worker's process group
         t0 = time.monotonic()
-        proc.wait(timeout=120)
-        exit_s = time.monotonic() - t0
-        _wait_until_gone(run_pids, EXIT_BOUND_S)
-        assert not _living(run_pids)
+        exit_s = _ended(proc, run_pids, t0)
         latest = (out / "checkpoints" / "latest").read_text().strip()
         saved = int(latest.split("_")[1])
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -189,10 +196,7 @@ def test_engine_death_is_one_line_and_leaves_nothing(tiny_model, arith_data, tmp
         assert scheduler, [c.cmdline()[:2] for c in tree]
         scheduler[0].kill()
         t0 = time.monotonic()
-        proc.wait(timeout=120)
-        exit_s = time.monotonic() - t0
-        _wait_until_gone(run_pids, EXIT_BOUND_S)
-        assert not _living(run_pids)
+        exit_s = _ended(proc, run_pids, t0)
         text = log_path.read_text()
         lines = [line for line in text.splitlines() if "the rollout engine failed in step" in line]
         assert len(lines) == 1, text[-4000:]
@@ -242,10 +246,7 @@ def _stopped(proc, run_pids, log_path: Path) -> tuple[float, str]:
     """Wait for a run sent SIGTERM to end; check that both workers exited with status 80 (torchrun's report), one
     stop line and no process left. Returns (seconds to exit, the stop line)."""
     t0 = time.monotonic()
-    proc.wait(timeout=120)
-    exit_s = time.monotonic() - t0
-    _wait_until_gone(run_pids, EXIT_BOUND_S)
-    assert not _living(run_pids)
+    exit_s = _ended(proc, run_pids, t0)
     text = log_path.read_text()
     assert len(re.findall(r"exitcode\s+:\s*80 \(pid", text)) == 2, text[-4000:]  # each worker, as torchrun reports
     assert not _our_tracebacks(text), text[-4000:]
@@ -355,10 +356,7 @@ def test_engine_that_fails_to_start_stops_every_rank(tiny_model, arith_data, tmp
             time.sleep(0.1)
         t0 = time.monotonic()
         run_pids = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
-        proc.wait(timeout=120)
-        exit_s = time.monotonic() - t0
-        _wait_until_gone(run_pids, EXIT_BOUND_S)
-        assert not _living(run_pids)
+        exit_s = _ended(proc, run_pids, t0)
         text = log_path.read_text()
         assert len(re.findall(r"exitcode\s+:\s*1 \(pid", text)) == 2 and not _our_tracebacks(text), text[-4000:]
         lines = [line for line in text.splitlines() if "mcore_rl: the rollout engine failed to start" in line]
