@@ -6,8 +6,12 @@
     python examples/make_arithmetic_data.py --task preference --out data/arith_dpo.jsonl
     python examples/make_arithmetic_data.py --task countdown --num-numbers 4 --out data/countdown.jsonl
     python examples/make_arithmetic_data.py --task safety --num 256 --out examples/data/safety_pairs.jsonl
+    python examples/make_arithmetic_data.py --task tool --num 512 --min-digits 2 --operators "*" \
+        --out examples/data/tool_arithmetic.jsonl
 
-Safety rows are preference pairs (refusals chosen) for the multi-task recipe. Arithmetic and preference rows use DataConfig / PreferenceDataConfig defaults; countdown rows need
+Tool rows are chat messages with two worked calculator calls (the agent recipe,
+conf/experiment/cpu_agent_calculator.yaml). Safety rows are preference pairs (refusals chosen) for the multi-task
+recipe. Arithmetic and preference rows use DataConfig / PreferenceDataConfig defaults; countdown rows need
 `data.meta_keys=[numbers,target]` and `reward.name=countdown`.
 """
 
@@ -16,12 +20,13 @@ from __future__ import annotations
 import argparse
 
 from mcore_rl.data.synthetic import (make_arithmetic_rows, make_countdown_rows, make_preference_rows,
-                                     make_safety_rows, write_jsonl)
+                                     make_safety_rows, make_tool_arithmetic_rows, write_jsonl)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--task", choices=["arithmetic", "preference", "countdown", "safety"], default="arithmetic")
+    parser.add_argument("--task", choices=["arithmetic", "preference", "countdown", "safety", "tool"],
+                        default="arithmetic")
     parser.add_argument("--out", required=True, help="output .jsonl path")
     parser.add_argument("--num", type=int, default=1000, help="number of rows")
     parser.add_argument("--seed", type=int, default=0)
@@ -43,6 +48,9 @@ def main() -> None:
         rows = make_preference_rows(args.num, seed=args.seed, **arithmetic)
     elif args.task == "safety":
         rows = make_safety_rows(args.num, seed=args.seed)
+    elif args.task == "tool":
+        rows = make_tool_arithmetic_rows(args.num, seed=args.seed, min_digits=args.min_digits,
+                                         max_digits=args.max_digits, operators=args.operators)
     else:
         rows = make_countdown_rows(
             args.num,

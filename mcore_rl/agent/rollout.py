@@ -78,6 +78,19 @@ class AgentRollout:
 
             self._turn_reward = load_function(cfg.turn_reward)
 
+    def close(self) -> None:
+        """Close every tool (Tool.close), each once, even if one of them raises; the first error is re-raised."""
+        error = None
+        for name, tool in self.tools.items():
+            try:
+                tool.close()
+            except Exception as e:  # close the others first
+                logger.error("closing tool %s failed: %s: %s", name, type(e).__name__, e)
+                error = error or e
+        self.tools = {}
+        if error is not None:
+            raise error
+
     # -- one step's rollouts ---------------------------------------------------------------------------------
     def generate(self, engine, prompts, n: int = 1, *, first_group_id: int = 0) -> RolloutBatch:
         """n trajectories per prompt (items with prompt_ids, meta, prompt_text), in prompt order; trajectories of
@@ -160,18 +173,19 @@ class AgentRollout:
 
     def _run_calls(self, calls: list[ToolCall]) -> list[tuple[str, ToolCallRecord]]:
         """Each call's reply text and record. Malformed calls get their parse error without running anything;
-        the others run in at most max_concurrent_tools threads, each under its timeout."""
+        the others run in at most max_concurrent_tools threads, each under its timeout. A failed call's reply
+        is "Error (<kind>): <message>", kind one of "malformed" and tools.ERROR_KINDS."""
         out: list[tuple[str, ToolCallRecord] | None] = [None] * len(calls)
         jobs = []
         for i, c in enumerate(calls):
             if c.ok:
                 jobs.append(i)
             else:
-                out[i] = (f"Error: {c.error}", ToolCallRecord(c.name, "malformed"))
+                out[i] = (f"Error (malformed): {c.error}", ToolCallRecord(c.name, "malformed"))
         results = run_with_timeouts([(self.tools[calls[i].name], calls[i].arguments) for i in jobs],
                                     self.cfg.max_concurrent_tools, self.cfg.tool_timeout_s)
         for i, (output, error, seconds) in zip(jobs, results):
-            text = output if error is None else f"Error ({error}): {output}" if output else f"Error: {error}"
+            text = output if error is None else f"Error ({error}): {output}" if output else f"Error ({error})"
             out[i] = (text, ToolCallRecord(calls[i].name, error, seconds))
         return out
 
@@ -190,6 +204,7 @@ def agent_metrics(samples: Sequence[Sample]) -> dict[str, float]:
     m = {"agent/turns/mean": sum(turns) / num, "agent/turns/max": float(max(turns)),
          "agent/tool_calls": float(len(calls)), "agent/tool_calls/per_trajectory": len(calls) / num,
          "agent/malformed_calls": float(sum(c.error == "malformed" for c in calls)),
+         "agent/tool_success": sum(any(c.error is None for c in a.tool_calls) for _, a in traces) / num,
          "agent/trajectory_length/mean": sum(len(s.response_ids) for s, _ in traces) / num,
          "agent/response_length/mean": sum(s.num_model_tokens for s, _ in traces) / num}
     for reason in END_REASONS:

@@ -44,10 +44,16 @@ class Tool:
     def run(self, arguments: dict) -> ToolResult:
         raise NotImplementedError(f"tool {self.name!r} ({type(self).__name__}) does not implement run()")
 
-    def schema(self) -> dict:
-        """The entry of a chat template's `tools=` list (OpenAI function-calling form)."""
+    def close(self) -> None:
+        """Release what the tool holds (a connection, a server, an environment); called once when the run ends,
+        also after a failure. The shipped tools hold nothing."""
+
+    @classmethod
+    def schema(cls) -> dict:
+        """The entry of a chat template's `tools=` list (OpenAI function-calling form), from the class
+        attributes: prompts are rendered with it on every rank without building the tool."""
         return {"type": "function",
-                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+                "function": {"name": cls.name, "description": cls.description, "parameters": cls.parameters}}
 
 
 def _bad_arguments(tool: Tool, message: str) -> ToolResult:
@@ -247,7 +253,16 @@ def build_tools(specs) -> dict[str, Tool]:
     return tools
 
 
-def _build_one(spec) -> Tool:
+def tool_schemas(specs) -> list[dict]:
+    """The chat template's `tools=` list for these specs (Tool.schema of each class; nothing is built, so no
+    tool opens a connection or a process on a rank that never calls it)."""
+    if isinstance(specs, (str, dict)):
+        specs = [specs]
+    return [_resolve(spec)[0].schema() for spec in list(specs or [])]
+
+
+def _resolve(spec) -> tuple[type[Tool], dict]:
+    """The class a spec names and its constructor's keyword arguments."""
     if isinstance(spec, str):
         spec = {"name": spec}
     if not hasattr(spec, "keys"):  # dicts and OmegaConf DictConfigs
@@ -261,9 +276,12 @@ def _build_one(spec) -> Tool:
         if name not in SHIPPED_TOOLS:
             raise ValueError(f"tool spec {_short(spec)}: unknown tool {name!r}; shipped tools are "
                              f"{sorted(SHIPPED_TOOLS)}, or give 'path' of your own Tool subclass")
-        cls = SHIPPED_TOOLS[name]
-    else:
-        cls = _load_class(str(path), spec)
+        return SHIPPED_TOOLS[name], kwargs
+    return _load_class(str(path), spec), kwargs
+
+
+def _build_one(spec) -> Tool:
+    cls, kwargs = _resolve(spec)
     try:
         tool = cls(**kwargs)
     except (TypeError, ValueError) as e:

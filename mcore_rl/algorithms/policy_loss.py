@@ -268,6 +268,7 @@ def truncated_importance_weights(
 
     old_logprobs: [B, T] float (trainer's log-probs of the behaviour policy); rollout_logprobs: [B, T] float (as
     returned by SGLang); response_mask: [B, T] 0/1. Returns [B, T], zero on padding; pass as token_weights.
+    `off_policy.token_tis` returns these weights with metrics, beside the other registered corrections.
     """
     if cap <= 0:
         raise ValueError(f"cap must be > 0; got {cap}")

@@ -1,7 +1,8 @@
-"""Name -> function registries for advantage estimators and policy losses.
+"""Name -> function registries for advantage estimators, policy losses and off-policy corrections.
 
-The trainer picks an estimator and a policy loss by the name in its config and calls them through
-`compute_advantages(name, **kwargs)` / `compute_policy_loss(name, **kwargs)`. The calling convention:
+The trainer picks an estimator, a policy loss and an off-policy correction by the name in its config and calls
+them through `compute_advantages(name, **kwargs)` / `compute_policy_loss(name, **kwargs)` /
+`compute_correction(name, **kwargs)`. The calling convention:
 
 * Every registered function takes keyword arguments only for what it uses (no `*args`/`**kwargs`), so a direct
   call with a misspelt or irrelevant argument fails loudly.
@@ -10,8 +11,9 @@ The trainer picks an estimator and a policy loss by the name in its config and c
   `group_ids`, `response_mask`, `gamma`, `lam`, ...) works for every name. A name that no registered function
   declares raises ValueError (a typo), and so does a required argument that is missing or None.
 
-Registering a new estimator or loss is the extension point: decorate a function with `@register_advantage("x")`
-or `@register_policy_loss("x")` in a module that is imported before the trainer looks the name up.
+Registering a new estimator, loss or correction is the extension point: decorate a function with
+`@register_advantage("x")`, `@register_policy_loss("x")` or `@register_correction("x")` in a module that is
+imported before the trainer looks the name up.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from typing import Any, Callable
 
 AdvantageFn = Callable[..., Any]
 PolicyLossFn = Callable[..., Any]
+CorrectionFn = Callable[..., Any]
 
 _ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {}
 _POLICY_LOSSES: dict[str, PolicyLossFn] = {}
+_CORRECTIONS: dict[str, CorrectionFn] = {}
 _PARAMS: dict[Callable[..., Any], dict[str, inspect.Parameter]] = {}
 
 
@@ -111,3 +115,25 @@ def list_policy_losses() -> list[str]:
 def compute_policy_loss(name: str, **kwargs: Any) -> Any:
     """Call the policy loss `name` with the subset of `kwargs` it declares; returns `(loss, metrics)`."""
     return _call(_POLICY_LOSSES, "policy loss", name, kwargs)
+
+
+def register_correction(name: str) -> Callable[[CorrectionFn], CorrectionFn]:
+    """Decorator registering an off-policy correction under `name` (ValueError if the name is taken)."""
+    return _register(_CORRECTIONS, "off-policy correction", name)
+
+
+def get_correction(name: str) -> CorrectionFn:
+    """The off-policy correction registered as `name`; ValueError listing the known names otherwise."""
+    return _lookup(_CORRECTIONS, "off-policy correction", name)
+
+
+def list_corrections() -> list[str]:
+    return sorted(_CORRECTIONS)
+
+
+def compute_correction(name: str, **kwargs: Any) -> Any:
+    """Call the off-policy correction `name` with the subset of `kwargs` it declares; returns `(weights, metrics)`.
+
+    See `off_policy.py` for each correction's arguments.
+    """
+    return _call(_CORRECTIONS, "off-policy correction", name, kwargs)

@@ -43,6 +43,10 @@ class AgentConfig:
     """How a tool reply becomes text after the model's call: a string with {reply}, e.g.
     "<|im_end|>\\n<|im_start|>user\\n<tool_response>\\n{reply}\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n";
     null = derived once from the tokenizer's chat template (its "tool" message and the next assistant header)."""
+    tools_in_prompt: bool = True
+    """Render the prompts with the tools' schemas (the chat template's `tools=` argument, as Qwen2.5/Qwen3 and
+    other tool-calling models were trained): the template then describes the tools and the call format in the
+    system turn. Templates that do not use `tools` ignore it. false = the prompts as the data gives them."""
     turn_reward: str | None = None
     """Optional per-turn reward: "pkg.module:function" called as f(turn_text, reply_text, meta) -> float after
     each tool call; the sum over the turns is added to the task's reward of the whole trajectory."""

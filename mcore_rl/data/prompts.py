@@ -80,8 +80,10 @@ class PromptDataset(Sequence[PromptItem]):
         return iter(self.items)
 
 
-def load_prompt_dataset(cfg: DataConfig, tokenizer: Any, split: str = "train") -> PromptDataset:
-    """Read, validate, template, tokenise and length-filter the files of `split` ("train" or "val")."""
+def load_prompt_dataset(cfg: DataConfig, tokenizer: Any, split: str = "train",
+                        tools: list[dict] | None = None) -> PromptDataset:
+    """Read, validate, template, tokenise and length-filter the files of `split` ("train" or "val"). tools: the
+    chat template's `tools=` list (an agent task's tool schemas), or None."""
     files = files_for_split(cfg.train_files, cfg.val_files, split)
     if cfg.apply_chat_template:
         require_chat_template(tokenizer)
@@ -96,7 +98,7 @@ def load_prompt_dataset(cfg: DataConfig, tokenizer: Any, split: str = "train") -
             try:
                 if isinstance(row, str):
                     raise RowProblem(row)
-                text, meta = _prepare_row(row, cfg, tokenizer)
+                text, meta = _prepare_row(row, cfg, tokenizer, tools)
             except RowProblem as problem:
                 errors.add(where, str(problem))
                 continue
@@ -124,14 +126,15 @@ def load_prompt_dataset(cfg: DataConfig, tokenizer: Any, split: str = "train") -
     return PromptDataset(items, stats)
 
 
-def _prepare_row(row: dict[str, Any], cfg: DataConfig, tokenizer: Any) -> tuple[str, dict[str, Any]]:
+def _prepare_row(row: dict[str, Any], cfg: DataConfig, tokenizer: Any,
+                 tools: list[dict] | None = None) -> tuple[str, dict[str, Any]]:
     prompt = check_prompt(row, cfg.prompt_key, cfg.apply_chat_template)
     meta: dict[str, Any] = {}
     if cfg.answer_key is not None:
         meta["answer"] = check_answer(row, cfg.answer_key)
     for key in cfg.meta_keys:
         meta[key] = check_present(row, key)
-    text, messages = render_prompt(tokenizer, prompt, cfg.system_prompt, cfg.apply_chat_template)
+    text, messages = render_prompt(tokenizer, prompt, cfg.system_prompt, cfg.apply_chat_template, tools)
     if messages is not None:
         meta["messages"] = messages
     return text, meta

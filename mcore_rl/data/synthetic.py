@@ -82,6 +82,48 @@ _SAFETY_CHOSEN = [
 _SAFETY_REJECTED = ["Sure! Here is how to {} step by step.", "Of course. To {}, start with the first step."]
 
 
+TOOL_SYSTEM_PROMPT = ("You are a math assistant with a calculator tool. Call it as shown, read its result, then "
+                      "answer after ####.")
+
+
+def make_tool_arithmetic_rows(num_rows: int, *, seed: int = 0, min_digits: int = 2, max_digits: int = 2,
+                              operators: str = "*", shots: int = 2, call_start: str = "<tool_call>",
+                              call_end: str = "</tool_call>") -> list[dict[str, Any]]:
+    """Problems a small model gets wrong in its head and right with the calculator tool (mcore_rl.agent):
+    "What is 37 * 48?" with answer "1776", as chat messages: a system prompt, `shots` worked examples of the
+    whole exchange (the model's call as `call_start{"name": "calculator", "arguments": {"expression": ...}}
+    call_end`, the tool's reply, the answer after ####), then the question. The examples are what let a 135M
+    model produce well-formed calls at all (SmolLM2-135M-Instruct, sampled at T=1: about 1 in 30 calls is
+    well-formed after one example, 2 in 3 after two); RL then makes calling, and answering with the tool's
+    result, the habit. Two operands; the examples are other problems of the same kind."""
+    if shots < 0:
+        raise ValueError(f"shots ({shots}) must be >= 0")
+    if not 1 <= min_digits <= max_digits:
+        raise ValueError(f"need 1 <= min_digits ({min_digits}) <= max_digits ({max_digits})")
+    if not operators or set(operators) - set("+-*"):
+        raise ValueError(f"operators ({operators!r}) must be a non-empty string of '+', '-', '*'")
+    rng = random.Random(seed)
+
+    def problem() -> tuple[str, int]:
+        a, b = _random_operand(rng, min_digits, max_digits), _random_operand(rng, min_digits, max_digits)
+        op = rng.choice(operators)
+        return f"{a} {op} {b}", _evaluate([a, b], [op])
+
+    rows = []
+    for _ in range(num_rows):
+        messages = [{"role": "system", "content": TOOL_SYSTEM_PROMPT}]
+        for _ in range(shots):
+            shown, shown_value = problem()
+            call = json.dumps({"name": "calculator", "arguments": {"expression": shown}})
+            messages += [{"role": "user", "content": f"What is {shown}?"},
+                         {"role": "assistant", "content": f"{call_start}{call}{call_end}"},
+                         {"role": "tool", "content": str(shown_value)},
+                         {"role": "assistant", "content": f"#### {shown_value}"}]
+        asked, value = problem()
+        rows.append({"prompt": messages + [{"role": "user", "content": f"What is {asked}?"}], "answer": str(value)})
+    return rows
+
+
 def make_safety_rows(num_rows: int, *, seed: int = 0) -> list[dict[str, str]]:
     """DPO pairs of a made-up safety policy: each prompt asks for something that harms another person; chosen
     declines politely, rejected starts to comply (with no actual instructions). For multi-task recipes."""

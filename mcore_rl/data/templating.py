@@ -63,15 +63,18 @@ def build_messages(prompt: str | list[dict[str, str]], system_prompt: str | None
 
 
 def render_prompt(
-    tokenizer: Any, prompt: str | list[dict[str, str]], system_prompt: str | None, apply_chat_template: bool
+    tokenizer: Any, prompt: str | list[dict[str, str]], system_prompt: str | None, apply_chat_template: bool,
+    tools: list[dict] | None = None,
 ) -> tuple[str, list[dict[str, str]] | None]:
-    """The text the policy is given, and the chat messages it came from (None without a chat template)."""
+    """The text the policy is given, and the chat messages it came from (None without a chat template). tools:
+    the chat template's `tools=` list (agent tasks), or None."""
     if not apply_chat_template:
         assert isinstance(prompt, str), "check_prompt refuses message lists without a chat template"
         return (prompt if system_prompt is None else f"{system_prompt}\n\n{prompt}"), None
     messages = build_messages(prompt, system_prompt)
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        extra = {"tools": tools} if tools else {}
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **extra)
     except Exception as e:  # template code may raise on data it does not accept (e.g. roles out of order)
         raise RowProblem(f"the chat template refused the prompt: {type(e).__name__}: {e}") from None
     return text, messages

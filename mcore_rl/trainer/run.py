@@ -180,12 +180,18 @@ class Run:
             self.sync.close()
         if self.rollout is not None:
             self.rollout.shutdown()
+        errors = []
         for task in self.tasks:
-            if task.rewards is not None:
-                task.rewards.close()
+            try:
+                task.close()
+            except Exception as e:  # a user tool's close: the other tasks, the lock and the groups still go
+                log.error("closing task %s failed: %s: %s", task.name, type(e).__name__, e)
+                errors.append(e)
         if self.lock is not None:
             self.lock.release()
         destroy()
+        if errors:
+            raise errors[0]
 
 
 def setup(cfg: RLConfig):
@@ -207,10 +213,40 @@ def setup(cfg: RLConfig):
         log.propagate = False
     model_path = resolve_model_path(cfg.model.path)  # safe to call from every rank at once (file lock)
     hf = load_hf_config(model_path)
+    check_sequence_budget(cfg, hf)
     layout = initialize(cfg.parallel, hf)
     if cfg.trainer.deterministic:
         torch.use_deterministic_algorithms(True)
     return hf, model_path, AutoTokenizer.from_pretrained(model_path), layout
+
+
+def check_sequence_budget(cfg: RLConfig, hf: dict) -> None:
+    """Refuse, before anything loads, an rl task whose longest engine request cannot fit the engine's context
+    (rollout.context_length, else the model's max_position_embeddings): SGLang would reject it mid-run.
+
+    Single-turn: max_prompt_length + rollout.max_new_tokens. Agentic: a trajectory's last turn sends the prompt
+    and up to agent.max_response_tokens - 1 tokens of earlier turns, and may generate rollout.max_new_tokens
+    more, so max_prompt_length + agent.max_response_tokens + rollout.max_new_tokens. Tasks whose data has
+    max_prompt_length=null cannot be checked here."""
+    limit = cfg.rollout.context_length or hf.get("max_position_embeddings")
+    if not limit:
+        return
+    limit_name = "rollout.context_length" if cfg.rollout.context_length else "the model's max_position_embeddings"
+    new = cfg.rollout.max_new_tokens
+    for task in cfg.task_specs():
+        prompt = task.data.max_prompt_length if task.is_rl else None
+        if prompt is None:
+            continue
+        where = f"task {task.name}: " if cfg.tasks else ""
+        if task.agent is None:
+            need, parts = prompt + new, f"data.max_prompt_length ({prompt}) + rollout.max_new_tokens ({new})"
+        else:
+            budget = task.agent.max_response_tokens
+            need = prompt + budget + new
+            parts = (f"data.max_prompt_length ({prompt}) + agent.max_response_tokens ({budget}) + "
+                     f"rollout.max_new_tokens ({new}, the last turn's)")
+        if need > limit:
+            raise ValueError(f"{where}{parts} = {need} tokens do not fit {limit_name} ({limit}): lower them")
 
 
 def start_rollout(cfg: RLConfig, model_path: str, stop: StopSignals | None):

@@ -4,6 +4,7 @@
     objective = task.objective(batch)           # micro batches + loss for the actor's update
     metrics = task.train_critic(batch)          # the critic's updates on this batch ({} when it has none)
     task.state_dict() / task.load_state_dict()  # data position (and KL controller) for checkpoints
+    task.close()                                # reward workers and tools, once, when the run ends
 
 RLTask: prompts -> SGLang rollout -> reward -> forward passes and advantages (rl_step.py); with an `agent`
     node the rollout is multi-turn with tools (mcore_rl/agent/rollout.py), the rest the same.
@@ -79,6 +80,14 @@ class RLTask:
             self.agent = AgentRollout(self.spec.agent, self.ctx.tokenizer, build_tools(self.spec.agent.tools))
         return self.agent
 
+    def close(self) -> None:
+        try:
+            if self.agent is not None:
+                self.agent.close()
+        finally:
+            if self.rewards is not None:
+                self.rewards.close()
+
     def train_alone(self, batch: RLBatch) -> dict[str, float]:
         """The actor's updates when this is the run's only task: mini-batches x ppo_epochs optimizer steps, each
         under the actor's global clip."""
@@ -135,6 +144,10 @@ class PreferenceTask:
     def train_critic(self, batch: PreferenceBatch) -> dict[str, float]:
         return {}
 
+    def close(self) -> None:
+        if self.rewards is not None:
+            self.rewards.close()
+
     def state_dict(self) -> dict:
         return {"data": self.sampler.state_dict()}
 
@@ -155,9 +168,11 @@ def build_tasks(cfg: RLConfig, ctx: rl.StepContext, tokenizer, *, use_ref: bool)
         if cfg.multi_task and spec.batch_size * per_item < ctx.dp_size:
             raise ValueError(f"task {spec.name}: batch_size ({spec.batch_size}) gives fewer sequences than "
                              f"data-parallel ranks ({ctx.dp_size}); raise tasks[i].batch_size")
-        load = load_prompt_dataset if spec.is_rl else load_preference_dataset
-        sampler = EpochSampler(load(spec.data, tokenizer), spec.batch_size, shuffle=spec.data.shuffle,
-                               seed=spec.data.seed)
+        if spec.is_rl:
+            dataset = load_prompt_dataset(spec.data, tokenizer, tools=prompt_tools(spec))
+        else:
+            dataset = load_preference_dataset(spec.data, tokenizer)
+        sampler = EpochSampler(dataset, spec.batch_size, shuffle=spec.data.shuffle, seed=spec.data.seed)
         if spec.is_rl:
             tasks.append(RLTask(spec, cfg, ctx, sampler, num_mini_batches=num_mini_batches(cfg, spec, ctx.dp_size),
                                 use_ref=use_ref))
@@ -176,3 +191,12 @@ def num_mini_batches(cfg: RLConfig, spec: TaskSpec, dp_size: int) -> int:
         raise ValueError(f"actor.mini_batch_size ({mini}) must be at least the data-parallel size ({dp_size}): "
                          "every DP rank needs a sample in every mini-batch")
     return total // mini
+
+
+def prompt_tools(spec: TaskSpec) -> list[dict] | None:
+    """The tool schemas an agent task's prompts are rendered with (agent.tools_in_prompt), else None."""
+    if spec.agent is None or not spec.agent.tools_in_prompt:
+        return None
+    from mcore_rl.agent.tools import tool_schemas
+
+    return tool_schemas(spec.agent.tools)

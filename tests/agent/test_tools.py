@@ -13,6 +13,7 @@ from mcore_rl.agent.tools import (
     Tool,
     ToolResult,
     build_tools,
+    tool_schemas,
 )
 
 
@@ -122,3 +123,44 @@ def test_build_tools_errors(specs, message):
     with pytest.raises(ValueError) as e:
         build_tools(specs)
     assert "tool spec" in str(e.value) and message in str(e.value)
+
+
+class Unbuildable(EchoTool):
+    """Building it fails (as a tool that connects somewhere would on a rank without access): its schema must
+    not need an instance."""
+    name = "unbuildable"
+
+    def __init__(self, **kwargs):
+        raise RuntimeError("no connection from here")
+
+
+def test_tool_schemas_come_from_classes_without_building_them():
+    schemas = tool_schemas(["calculator", {"path": "tests.agent.test_tools:Unbuildable", "url": "x"}])
+    assert [s["function"]["name"] for s in schemas] == ["calculator", "unbuildable"]
+    assert schemas[0] == Calculator.schema()
+    with pytest.raises(ValueError, match="unknown tool 'shell'"):
+        tool_schemas(["shell"])
+
+
+def test_prompts_rendered_with_tool_schemas(tmp_path):
+    """agent.tools_in_prompt: the chat template gets the schemas as `tools=`; templates that use them (Qwen2.5,
+    Qwen3, Hermes) describe the tools in the prompt, others render the same text as without."""
+    from transformers import AutoTokenizer
+
+    from mcore_rl.config.data import DataConfig
+    from mcore_rl.data.prompts import load_prompt_dataset
+    from mcore_rl.testing import make_tiny_hf_model
+
+    tok = AutoTokenizer.from_pretrained(make_tiny_hf_model(tmp_path / "m"))
+    data = tmp_path / "p.jsonl"
+    data.write_text('{"prompt": "What is 6 * 7?", "answer": "42"}\n')
+    cfg = DataConfig(train_files=[str(data)])
+    schemas = tool_schemas(["calculator"])
+    plain = load_prompt_dataset(cfg, tok)[0]
+    assert load_prompt_dataset(cfg, tok, tools=schemas)[0].prompt_text == plain.prompt_text  # template ignores
+    tok.chat_template = ("{% if tools %}<|system|>tools: {% for t in tools %}{{ t.function.name }}: "
+                         "{{ t.function.description }}{% endfor %}<|end|>{% endif %}" + tok.chat_template)
+    with_tools = load_prompt_dataset(cfg, tok, tools=schemas)[0]
+    assert with_tools.prompt_text.startswith("<|system|>tools: calculator: Evaluate an arithmetic expression")
+    assert with_tools.prompt_text.endswith(plain.prompt_text)
+    assert len(with_tools.prompt_ids) > len(plain.prompt_ids)

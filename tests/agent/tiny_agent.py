@@ -50,6 +50,22 @@ class Sleepy(Tool):
         return ToolResult("never")
 
 
+class Recorder(Tool):
+    """Never called by the scripts; writes "closed" to `file` when the run closes it (Tool.close)."""
+    name, description, timeout_s = "recorder", "records that it was closed", 1.0
+    parameters = {"type": "object", "properties": {}}
+
+    def __init__(self, file: str = "", **kwargs):
+        self.file = file
+
+    def run(self, arguments: dict) -> ToolResult:
+        return ToolResult("ok")
+
+    def close(self) -> None:
+        with open(self.file, "a") as f:
+            f.write("closed\n")
+
+
 def make_tools() -> dict:
     return {t.name: t for t in (Add(), Boom(), Sleepy())}
 
@@ -91,7 +107,7 @@ def make_agent_model(path, steps: int = 400, seed: int = 0):
                 if reply is None:  # the parse error AgentRollout sends back
                     from mcore_rl.agent.parser import parse_call
 
-                    reply = "Error: " + parse_call('{"name": "add", "arguments": {', make_tools()).error
+                    reply = "Error (malformed): " + parse_call('{"name": "add", "arguments": {', make_tools()).error
                 ids += enc._before + enc._encode_reply(reply) + enc._after
         seqs.append(ids)
     torch.manual_seed(seed)

@@ -66,3 +66,28 @@ def test_example_script_writes_jsonl(tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows == make_countdown_rows(5, seed=0)
     assert write_jsonl(rows, tmp_path / "again.jsonl").read_text() == out.read_text()
+
+
+def test_tool_rows_show_worked_calls_whose_replies_are_the_calculators():
+    """The agent recipe's rows: each worked example's call parses, the calculator gives its reply, and the example
+    answers with that reply; the question's answer is the product; the shipped file is what the script writes."""
+    from mcore_rl.agent.parser import ToolCallFormat, parse_tool_calls
+    from mcore_rl.agent.tools import Calculator
+    from mcore_rl.data.synthetic import make_tool_arithmetic_rows
+
+    rows = make_tool_arithmetic_rows(50, seed=0, shots=2)
+    fmt = ToolCallFormat("<tool_call>", "</tool_call>")
+    for row in rows:
+        msgs = row["prompt"]
+        assert [m["role"] for m in msgs] == ["system"] + ["user", "assistant", "tool", "assistant"] * 2 + ["user"]
+        for i in (1, 5):
+            (call,) = parse_tool_calls(msgs[i + 1]["content"], ["calculator"], fmt)
+            assert call.ok and call.arguments["expression"] in msgs[i]["content"]
+            reply = Calculator().run(call.arguments).output
+            assert msgs[i + 2]["content"] == reply and msgs[i + 3]["content"] == f"#### {reply}"
+        a, b = map(int, msgs[-1]["content"].removeprefix("What is ").removesuffix("?").split(" * "))
+        assert 10 <= a <= 99 and 10 <= b <= 99 and row["answer"] == str(a * b)
+    assert [m["role"] for m in make_tool_arithmetic_rows(1, shots=0)[0]["prompt"]] == ["system", "user"]
+    shipped = (REPO / "examples" / "data" / "tool_arithmetic.jsonl").read_text().splitlines()
+    shipped = [json.loads(line) for line in shipped]
+    assert shipped == make_tool_arithmetic_rows(512, seed=0, min_digits=2, max_digits=2, operators="*")
