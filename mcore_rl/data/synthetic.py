@@ -93,9 +93,8 @@ def make_tool_arithmetic_rows(num_rows: int, *, seed: int = 0, min_digits: int =
     "What is 37 * 48?" with answer "1776", as chat messages: a system prompt, `shots` worked examples of the
     whole exchange (the model's call as `call_start{"name": "calculator", "arguments": {"expression": ...}}
     call_end`, the tool's reply, the answer after ####), then the question. The examples are what let a 135M
-    model produce well-formed calls at all (SmolLM2-135M-Instruct, sampled at T=1: about 1 in 30 calls is
-    well-formed after one example, 2 in 3 after two); RL then makes calling, and answering with the tool's
-    result, the habit. Two operands; the examples are other problems of the same kind."""
+    model produce calls that run at all (SmolLM2-135M-Instruct, sampled at T=1: 1 in 64 samples after one
+    example, 21 in 32 after two); RL then makes calling, and answering with the tool's result, the habit. Two operands; the examples are other problems of the same kind."""
     if shots < 0:
         raise ValueError(f"shots ({shots}) must be >= 0")
     if not 1 <= min_digits <= max_digits:
