@@ -29,6 +29,12 @@ def policy_losses() -> list[str]:
     return list_policy_losses()
 
 
+def off_policy_corrections() -> list[str]:
+    from mcore_rl.algorithms import list_corrections
+
+    return list_corrections()
+
+
 def kl_estimators() -> tuple[str, ...]:
     from mcore_rl.algorithms.kl import KL_ESTIMATORS
 

@@ -7,9 +7,11 @@ functions (advantage estimators, policy losses, KL estimators) are checked here,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from mcore_rl.config.names import advantage_estimators, check_choice, kl_estimators, policy_losses
+from mcore_rl.config.names import (advantage_estimators, check_choice, kl_estimators, off_policy_corrections,
+                                   policy_losses)
 from mcore_rl.config.optim import OptimConfig
 
 OLD_LOGPROBS = ("auto", "recompute", "rollout")
@@ -57,7 +59,15 @@ class ActorConfig(OptimConfig):
     """KL estimator of that loss term: k1, k2 or k3 (algorithms/kl.py)."""
     tis_cap: float | None = None
     """Truncated importance sampling of the train/rollout mismatch: each token's loss is weighted by
-    min(pi_old / pi_rollout, tis_cap) (e.g. 2.0); null = off. Not with old_logprobs=rollout."""
+    min(pi_old / pi_rollout, tis_cap) (e.g. 2.0); null = off. Not with old_logprobs=rollout. The same as
+    off_policy_correction={name: token_tis, cap: tis_cap}."""
+    off_policy_correction: dict[str, Any] = field(default_factory=dict)
+    """Reweight or drop tokens and sequences by rho = pi_old / pi_rollout (the trainer's log-probs against the
+    rollout engine's, the behaviour policy): {name: <correction>, ...its arguments}, a registered correction of
+    mcore_rl/algorithms/off_policy.py: token_tis {cap}, token_mask {low, high, weight_by_ratio}, seq_mask {low,
+    high, seq_ratio: geometric|product}, seq_tis {cap, seq_ratio}. {} = none (unless tis_cap). Logged as
+    off_policy/* (ratio mean and max, truncated and masked fractions, rollout/trainer mismatch KL). Not with
+    old_logprobs=rollout (rho would be 1), nor together with tis_cap. docs/algorithms.md."""
     old_logprobs: str = "auto"
     """Where the PPO ratio's old log-probs (log pi_old) come from:
     recompute: a forward pass of the actor over the step's samples before the updates (always correct);
@@ -101,6 +111,51 @@ class ActorConfig(OptimConfig):
             raise ValueError(f"actor.tis_cap ({self.tis_cap}) reweights by pi_old / pi_rollout, which is 1 with "
                              "actor.old_logprobs=rollout: set actor.tis_cap=null or actor.old_logprobs to auto or "
                              "recompute")
+        if self.off_policy_correction:
+            self._check_correction()
+
+    def correction(self) -> tuple[str, dict[str, Any]] | None:
+        """The off-policy correction to apply, (name, arguments), or None: off_policy_correction, or tis_cap as
+        token_tis."""
+        if self.off_policy_correction:
+            args = dict(self.off_policy_correction)
+            return str(args.pop("name")), args
+        return ("token_tis", {"cap": self.tis_cap}) if self.tis_cap is not None else None
+
+    def _check_correction(self) -> None:
+        import inspect
+
+        from mcore_rl.algorithms import get_correction
+
+        spec = self.off_policy_correction
+        if not hasattr(spec, "keys") or "name" not in spec:
+            raise ValueError("actor.off_policy_correction must be a dict with a name (e.g. {name: seq_mask, low: 0.5, "
+                             f"high: 2.0}}), got {spec!r}")
+        args = dict(spec)
+        name = args.pop("name")
+        check_choice("actor.off_policy_correction.name", name, off_policy_corrections())
+        if self.tis_cap is not None:
+            raise ValueError(f"actor.tis_cap ({self.tis_cap}) and actor.off_policy_correction ({name}) both reweight "
+                             "by pi_old / pi_rollout: keep one (tis_cap is off_policy_correction={name: token_tis, "
+                             "cap: ...})")
+        if self.old_logprobs == "rollout":
+            raise ValueError(f"actor.off_policy_correction ({name}) weighs by pi_old / pi_rollout, which is 1 with "
+                             "actor.old_logprobs=rollout: set actor.old_logprobs to auto or recompute")
+        fn = get_correction(name)
+        params = inspect.signature(fn).parameters
+        settable = [p for p in params if p not in ("old_logprobs", "rollout_logprobs", "response_mask")]
+        unknown = sorted(set(args) - set(settable))
+        if unknown:
+            raise ValueError(f"actor.off_policy_correction: {name} takes {', '.join(settable)}; unknown: "
+                             f"{', '.join(unknown)}")
+        # the correction's own argument checks (band, cap, seq_ratio), now rather than at the first update
+        import torch
+
+        z = torch.zeros(1, 1)
+        try:
+            fn(old_logprobs=z, rollout_logprobs=z, response_mask=torch.ones(1, 1), **args)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"actor.off_policy_correction ({name}): {e}") from None
 
 
 @dataclass

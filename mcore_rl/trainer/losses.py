@@ -62,6 +62,13 @@ class PeakMetrics:
         return dict(zip(keys, vec.tolist()))
 
 
+def step_peaks(cfg: ActorConfig, old_source: str, device) -> PeakMetrics | None:
+    """The maxima actor_loss_fn reports for this config and old-log-prob source (None: it reports none)."""
+    keys = ([] if old_source == "recompute" else ["rollout/logprob_diff_max"]) + \
+        (["off_policy/ratio_max"] if cfg.correction() is not None else [])
+    return PeakMetrics(keys, device) if keys else None
+
+
 def actor_loss_fn(cfg: ActorConfig, counts: MiniBatchCounts, max_response_length: int, use_ref: bool,
                   old_source: str = "recompute", peaks: PeakMetrics | None = None):
     """PPO-family policy loss (+ entropy bonus, + KL loss) of one mini-batch.
@@ -77,12 +84,18 @@ def actor_loss_fn(cfg: ActorConfig, counts: MiniBatchCounts, max_response_length
     rollout/logprob_diff_max (into `peaks`, required then) and, with old_source=current and a reference, `kl`.
     With one update a step (what auto needs) they equal prepare()'s values; with rollout and several updates
     they are the mean over the updates (later ones include the policy's own drift).
+
+    cfg.correction() (actor.off_policy_correction or tis_cap): token weights from pi_old / pi_rollout
+    (algorithms/off_policy.py) passed to the policy loss; off_policy/* token means, and its ratio max into
+    `peaks`.
     """
     agg = dict(loss_agg_mode=cfg.loss_agg_mode, global_num_tokens=counts.num_tokens.float(),
                global_num_seqs=counts.num_seqs.float(), max_response_length=max_response_length)
     if old_source not in ("recompute", "current", "rollout"):
         raise ValueError(f"old_source must be recompute, current or rollout, got {old_source!r}")
-    assert old_source == "recompute" or peaks is not None, "the forward-free paths report a max: pass peaks"
+    correction = cfg.correction()
+    assert peaks is not None or (old_source == "recompute" and correction is None), \
+        "the forward-free paths and the off-policy corrections report maxima: pass peaks (step_peaks)"
 
     def loss_fn(out: dict, mb):
         mask = rows(mb["loss_mask"], mb)
@@ -98,8 +111,14 @@ def actor_loss_fn(cfg: ActorConfig, counts: MiniBatchCounts, max_response_length
                 kl_k1 = alg.estimate_kl(current, rows(mb["ref_logprobs"], mb), "k1")
                 metrics["kl"] = (kl_k1 * mask).sum().double() / counts.num_tokens
         weights = None
-        if cfg.tis_cap is not None:
-            weights = alg.truncated_importance_weights(old, rows(mb["rollout_logprobs"], mb), mask, cap=cfg.tis_cap)
+        if correction is not None:
+            weights, cm = alg.compute_correction(correction[0], old_logprobs=old,
+                                                 rollout_logprobs=rows(mb["rollout_logprobs"], mb),
+                                                 response_mask=mask, **correction[1])
+            share = _share(mb, counts)
+            for key in ("ratio_mean", "truncated_frac", "masked_frac", "mismatch_kl"):
+                metrics[f"off_policy/{key}"] = cm[key].double() * share
+            peaks.observe("off_policy/ratio_max", cm["ratio_max"])
         loss, m = alg.compute_policy_loss(
             cfg.policy_loss, logprobs=logprobs, old_logprobs=old, advantages=rows(mb["advantages"], mb),
             response_mask=mask, clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,

@@ -24,7 +24,7 @@ from mcore_rl.parallel.runtime import from_rank0
 from mcore_rl.rollout.errors import RolloutEngineError
 from mcore_rl.trainer.batch import response_mask, rollout_logprobs, sample_sequences, shard, split_even
 from mcore_rl.trainer.batch import to_response_space, to_token_space
-from mcore_rl.trainer.losses import PeakMetrics, actor_loss_fn, count
+from mcore_rl.trainer.losses import actor_loss_fn, count, step_peaks
 from mcore_rl.trainer.step_data import Rollout, RLBatch, Sequences, Skip
 
 
@@ -206,7 +206,7 @@ def update_actor(ctx: StepContext, batch: RLBatch, actor_cfg: ActorConfig, num_m
                  max_response_length: int) -> dict[str, float]:
     """The actor's updates of one step (update() with the actor's loss); metrics as update() returns them, plus
     the diagnostics the loss measures when prepare() skipped the old log-prob pass."""
-    peaks = None if batch.old_source == "recompute" else PeakMetrics(["rollout/logprob_diff_max"], ctx.actor.device)
+    peaks = step_peaks(actor_cfg, batch.old_source, ctx.actor.device)
     metrics = update(ctx.actor, batch.actor, num_mini, actor_cfg.ppo_epochs, actor_cfg.max_tokens_per_micro_batch,
                      lambda c: actor_loss_fn(actor_cfg, c, max_response_length, ctx.ref is not None,
                                              batch.old_source, peaks),

@@ -21,7 +21,8 @@ from mcore_rl import algorithms as alg
 from mcore_rl.config.root import RLConfig, TaskSpec
 from mcore_rl.trainer import rl_step as rl
 from mcore_rl.trainer.batch import pair_sequences, shard
-from mcore_rl.trainer.losses import PeakMetrics, actor_loss_fn, count, critic_loss_fn, dpo_loss_fn
+from mcore_rl.trainer.losses import (PeakMetrics, actor_loss_fn, count, critic_loss_fn, dpo_loss_fn,
+                                     step_peaks)
 from mcore_rl.trainer.step_data import PreferenceBatch, RLBatch, Skip
 
 
@@ -96,7 +97,7 @@ class RLTask:
     def objective(self, batch: RLBatch) -> Objective:
         actor = self.ctx.actor
         mbs = rl.micro_batches(actor, batch.actor, self.cfg.actor.max_tokens_per_micro_batch)
-        peaks = None if batch.old_source == "recompute" else PeakMetrics(["rollout/logprob_diff_max"], actor.device)
+        peaks = step_peaks(self.cfg.actor, batch.old_source, actor.device)
         counts = count(mbs, actor.device, self.ctx.dp_group)
         loss_fn = actor_loss_fn(self.cfg.actor, counts, self.max_response, self.ctx.ref is not None,
                                 batch.old_source, peaks)

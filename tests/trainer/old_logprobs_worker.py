@@ -90,17 +90,19 @@ if __name__ == "__main__":
     result = {"runs": {}}
     weights = {}
     init = None
-    for source, actor_cfg in (("recompute", ActorConfig(**base, tis_cap=1.05)),
-                              ("current", ActorConfig(**base, tis_cap=1.05)),
-                              ("rollout", ActorConfig(**base, old_logprobs="rollout"))):
+    masked = dict(name="token_mask", low=0.5, high=1.05)  # drops the tokens whose gap is above log 1.05
+    for label, source, actor_cfg in (("recompute", "recompute", ActorConfig(**base, tis_cap=1.05)),
+                                     ("current", "current", ActorConfig(**base, tis_cap=1.05)),
+                                     ("rollout", "rollout", ActorConfig(**base, old_logprobs="rollout")),
+                                     ("masked", "recompute", ActorConfig(**base, off_policy_correction=masked))):
         actor = engine(actor_path, actor_cfg)
         if init is None:
             init = params(actor)
         ctx = rl.StepContext(actor, ref, None, None, dp_group, dp_rank, dp_size, 1.0)
         batch, m = rl.prepare(ctx, Rollout(samples, 0), algo, actor_cfg, 16, None, source)
         m.update(rl.update_actor(ctx, batch, actor_cfg, 1, 16))
-        result["runs"][source] = m
-        weights[source] = params(actor)
+        result["runs"][label] = m
+        weights[label] = params(actor)
         del actor
 
     def max_diff(a, b):
@@ -110,6 +112,12 @@ if __name__ == "__main__":
     result["diff_current"] = max_diff(weights["current"], weights["recompute"])
     result["diff_rollout"] = max_diff(weights["rollout"], weights["recompute"])
     # what the rollout run's loss sees: ratio = exp(log pi - rollout) = exp(gap) on every response token
+    # what the corrections see: rho = pi_old / pi_rollout = exp(gap) on every response token
+    rho = gap.exp()
+    result["expected_correction"] = {"ratio_mean": float(rho.mean()), "ratio_max": float(rho.max()),
+                                     "over_1.05": float((rho > 1.05).double().mean()),
+                                     "mismatch_kl": float((rho - gap - 1).mean())}
+    result["diff_masked"] = max_diff(weights["masked"], weights["recompute"])
     result["expected_rollout"] = {"ratio_mean": float(gap.exp().mean()), "ppo_kl": float(-gap.mean()),
                                   "logprob_diff": float(gap.mean()), "logprob_diff_max": float(gap.max()),
                                   "kl_k3": float((gap.exp() - gap - 1).mean())}

@@ -97,3 +97,44 @@ def test_rollout_source_feeds_the_loss(steps):
     assert abs(rol["actor/grad_norm"] / rec["actor/grad_norm"] - 1) > 1000 * METRIC_RTOL
     assert abs(rol["actor/pg_loss"] / rec["actor/pg_loss"] - 1) > 1000 * METRIC_RTOL
     assert steps["diff_rollout"] > 100 * WEIGHT_RTOL * steps["update_size"], steps
+
+
+@pytest.mark.slow
+def test_off_policy_corrections_measure_the_known_gap(steps):
+    """actor.off_policy_correction and tis_cap in a real step: rho = pi_old / pi_rollout = exp(gap) per token, gap
+    drawn in [0, 0.1); the off_policy/* metrics equal the gap's statistics (GAP_ATOL), and masking the tokens with
+    rho > 1.05 changes the update against TIS at 1.05 (same old log-probs, other weights)."""
+    exp = steps["expected_correction"]
+    over = exp["over_1.05"]
+    assert 0.2 < over < 0.8  # both sides of the threshold are exercised
+    for label, truncated, masked in (("recompute", over, 0.0), ("current", over, 0.0), ("masked", 0.0, over)):
+        m = steps["runs"][label]
+        assert m["off_policy/ratio_mean"] == pytest.approx(exp["ratio_mean"], abs=GAP_ATOL), label
+        assert m["off_policy/ratio_max"] == pytest.approx(exp["ratio_max"], abs=GAP_ATOL), label
+        assert m["off_policy/mismatch_kl"] == pytest.approx(exp["mismatch_kl"], abs=GAP_ATOL), label
+        # a token exactly at the threshold could flip with a 1-ulp change of its gap: allow one token of the 60
+        assert m["off_policy/truncated_frac"] == pytest.approx(truncated, abs=1 / 60), label
+        assert m["off_policy/masked_frac"] == pytest.approx(masked, abs=1 / 60), label
+    assert "off_policy/ratio_mean" not in steps["runs"]["rollout"]
+    assert steps["diff_masked"] > 100 * WEIGHT_RTOL * steps["update_size"], steps
+
+
+def test_off_policy_correction_config_errors():
+    assert ActorConfig(off_policy_correction={"name": "seq_mask", "high": 1.5}).correction() == \
+        ("seq_mask", {"high": 1.5})
+    assert ActorConfig(tis_cap=2.0).correction() == ("token_tis", {"cap": 2.0})
+    assert ActorConfig().correction() is None
+    for spec, message in [
+        ({"name": "clip"}, r"actor.off_policy_correction.name='clip' is not one of seq_mask, seq_tis, token_mask, "
+                           r"token_tis"),
+        ({"high": 2.0}, r"must be a dict with a name"),
+        ({"name": "seq_mask", "cap": 2.0}, r"seq_mask takes low, high, seq_ratio; unknown: cap"),
+        ({"name": "seq_mask", "low": 1.5}, r"actor.off_policy_correction \(seq_mask\): the band must satisfy"),
+        ({"name": "seq_tis", "seq_ratio": "mean"}, r"seq_ratio must be 'geometric'"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            ActorConfig(off_policy_correction=spec)
+    with pytest.raises(ValueError, match=r"actor.tis_cap \(2.0\) and actor.off_policy_correction \(token_mask\) both"):
+        ActorConfig(tis_cap=2.0, off_policy_correction={"name": "token_mask"})
+    with pytest.raises(ValueError, match=r"which is 1 with actor.old_logprobs=rollout"):
+        ActorConfig(old_logprobs="rollout", off_policy_correction={"name": "seq_tis"})
