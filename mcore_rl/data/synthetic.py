@@ -94,7 +94,8 @@ def make_tool_arithmetic_rows(num_rows: int, *, seed: int = 0, min_digits: int =
     whole exchange (the model's call as `call_start{"name": "calculator", "arguments": {"expression": ...}}
     call_end`, the tool's reply, the answer after ####), then the question. The examples are what let a 135M
     model produce calls that run at all (SmolLM2-135M-Instruct, sampled at T=1: 1 in 64 samples after one
-    example, 21 in 32 after two); RL then makes calling, and answering with the tool's result, the habit. Two operands; the examples are other problems of the same kind."""
+    example, 21 in 32 after two); RL then makes calling, and answering with the tool's result, the habit. Two
+    operands; the examples are other problems of the same kind."""
     if shots < 0:
         raise ValueError(f"shots ({shots}) must be >= 0")
     if not 1 <= min_digits <= max_digits:
