@@ -34,6 +34,8 @@ from mcore_rl.types import AgentTrace, RolloutBatch, Sample, ToolCallRecord
 logger = logging.getLogger(__name__)
 
 REPLY = "{reply}"
+POLL_S = 0.05
+"""Longest wait of the tool and stream loops before they look at deadlines and the engine's health again."""
 _PH_ASSISTANT, _PH_TOOL = "\x00ASSISTANT\x00", "\x00TOOLREPLY\x00"
 
 
@@ -101,6 +103,17 @@ class AgentRollout:
         stops = tuple(base.stop_token_ids) + ((self.end_token,) if self.end_token is not None else ())
         sampling = engine.default_sampling(stop_token_ids=stops)
         version = (engine.weight_version, engine.policy_version)
+        if self.cfg.schedule == "turn":
+            self._by_turn(engine, trajs, sampling)
+        else:
+            self._by_trajectory(engine, trajs, sampling)
+        samples = [Sample(prompt_ids=t.prompt, response_ids=t.ids, rollout_logprobs=t.logprobs,
+                          finish_reason=t.finish, group_id=t.group_id, prompt_text=t.prompt_text, meta=t.meta,
+                          response_mask=t.mask, agent=t.trace) for t in trajs]
+        return RolloutBatch(samples=samples, weight_version=version[0], policy_version=version[1])
+
+    def _by_turn(self, engine, trajs: list[_Trajectory], sampling) -> None:
+        """agent.schedule=turn: one engine call per turn over the active trajectories, then their tool calls."""
         for turn in range(self.cfg.max_turns):
             active = [t for t in trajs if not t.done]
             if not active:
@@ -113,22 +126,78 @@ class AgentRollout:
                     t.trace.turn_inputs = (t.trace.turn_inputs or []) + [inp]
                 call = self._take_turn(t, turn, out, sampling.max_new_tokens)
                 if call is not None:
-                    pending.append((t, call, self.tokenizer.decode(t.ids[t.trace.turn_spans[-1][0]:])))
+                    pending.append((t, call, self._turn_text(t)))
             replies = self._run_calls([c for _, c, _ in pending])
             for (t, call, turn_text), (text, record) in zip(pending, replies):
-                record.turn = turn
-                t.trace.tool_calls.append(record)
-                if self._turn_reward is not None:
-                    t.trace.turn_rewards.append(float(self._turn_reward(turn_text, text, t.meta)))
-                reply_ids = self._before + self._encode_reply(text) + self._after
-                if len(t.ids) + len(reply_ids) >= self.cfg.max_response_tokens:  # no room left for the model
-                    t.end("token_budget", "length")
-                else:
-                    t.append(reply_ids, None)
-        samples = [Sample(prompt_ids=t.prompt, response_ids=t.ids, rollout_logprobs=t.logprobs,
-                          finish_reason=t.finish, group_id=t.group_id, prompt_text=t.prompt_text, meta=t.meta,
-                          response_mask=t.mask, agent=t.trace) for t in trajs]
-        return RolloutBatch(samples=samples, weight_version=version[0], policy_version=version[1])
+                self._take_reply(t, turn, turn_text, text, record)
+
+    def _by_trajectory(self, engine, trajs: list[_Trajectory], sampling) -> None:
+        """agent.schedule=trajectory: every trajectory sends its next turn as soon as its own call has replied.
+        One loop on this thread takes the engine's finished turns and the tools' replies from one queue."""
+        events: queue.Queue = queue.Queue()
+        runner = ToolRunner(self.cfg.max_concurrent_tools, self.cfg.tool_timeout_s, events)
+        stream = engine.stream(sampling, lambda k, sample: events.put(("turn", k, sample)))
+        waiting: dict[int, tuple[ToolCall, str]] = {}  # trajectory -> its call being run, and its turn's text
+        try:
+            def send(k: int) -> None:
+                t = trajs[k]
+                if self.record_inputs:
+                    t.trace.turn_inputs = (t.trace.turn_inputs or []) + [t.prompt + t.ids]
+                stream.submit(k, t.prompt + t.ids)
+
+            for k in range(len(trajs)):
+                send(k)
+            active = len(trajs)
+            while active:
+                try:
+                    kind, k, payload = events.get(timeout=min(runner.expire(), POLL_S))
+                except queue.Empty:
+                    error = stream.failed()
+                    if error is not None:
+                        raise error
+                    continue
+                t = trajs[k]
+                if kind == "turn":
+                    call = self._take_turn(t, t.trace.num_turns, payload, sampling.max_new_tokens)
+                    if call is None:
+                        active -= 1
+                    elif not call.ok:
+                        self._take_reply(t, t.trace.num_turns - 1, self._turn_text(t), *_malformed(call))
+                        active -= self._go_on(t, k, send)
+                    else:
+                        waiting[k] = (call, self._turn_text(t))
+                        runner.submit(k, self.tools[call.name], call.arguments)
+                else:  # a tool's reply
+                    call, turn_text = waiting.pop(k)
+                    output, error, seconds = payload
+                    text, record = _reply(call, output, error, seconds)
+                    self._take_reply(t, t.trace.num_turns - 1, turn_text, text, record)
+                    active -= self._go_on(t, k, send)
+        finally:
+            stream.close()
+
+    @staticmethod
+    def _go_on(t: _Trajectory, k: int, send) -> int:
+        """After a reply: send trajectory k's next turn; 1 when the reply ended it instead (token budget)."""
+        if t.done:
+            return 1
+        send(k)
+        return 0
+
+    def _turn_text(self, t: _Trajectory) -> str:
+        return self.tokenizer.decode(t.ids[t.trace.turn_spans[-1][0]:])
+
+    def _take_reply(self, t: _Trajectory, turn: int, turn_text: str, text: str, record: ToolCallRecord) -> None:
+        """Record a call's reply and append it as mask-0 tokens, or end the trajectory if no room is left."""
+        record.turn = turn
+        t.trace.tool_calls.append(record)
+        if self._turn_reward is not None:
+            t.trace.turn_rewards.append(float(self._turn_reward(turn_text, text, t.meta)))
+        reply_ids = self._before + self._encode_reply(text) + self._after
+        if len(t.ids) + len(reply_ids) >= self.cfg.max_response_tokens:  # no room left for the model
+            t.end("token_budget", "length")
+        else:
+            t.append(reply_ids, None)
 
     def _take_turn(self, t: _Trajectory, turn: int, out: Sample, max_new: int) -> ToolCall | None:
         """Append the turn's model tokens to `t`; the call to run, or None when the trajectory ended."""
@@ -181,13 +250,22 @@ class AgentRollout:
             if c.ok:
                 jobs.append(i)
             else:
-                out[i] = (f"Error (malformed): {c.error}", ToolCallRecord(c.name, "malformed"))
+                out[i] = _malformed(c)
         results = run_with_timeouts([(self.tools[calls[i].name], calls[i].arguments) for i in jobs],
                                     self.cfg.max_concurrent_tools, self.cfg.tool_timeout_s)
-        for i, (output, error, seconds) in zip(jobs, results):
-            text = output if error is None else f"Error ({error}): {output}" if output else f"Error ({error})"
-            out[i] = (text, ToolCallRecord(calls[i].name, error, seconds))
+        for i, result in zip(jobs, results):
+            out[i] = _reply(calls[i], *result)
         return out
+
+
+def _malformed(call: ToolCall) -> tuple[str, ToolCallRecord]:
+    return f"Error (malformed): {call.error}", ToolCallRecord(call.name, "malformed")
+
+
+def _reply(call: ToolCall, output: str, error: str | None, seconds: float) -> tuple[str, ToolCallRecord]:
+    """The reply text the model reads for a call that ran, and its record."""
+    text = output if error is None else f"Error ({error}): {output}" if output else f"Error ({error})"
+    return text, ToolCallRecord(call.name, error, seconds)
 
 
 END_REASONS = ("answer", "max_turns", "token_budget", "turn_length", "abort")
@@ -221,46 +299,81 @@ def agent_metrics(samples: Sequence[Sample]) -> dict[str, float]:
     return m
 
 
-def run_with_timeouts(jobs: list[tuple[Any, dict]], max_concurrent: int,
-                      timeout_s: float | None) -> list[tuple[str, str | None, float]]:
-    """Run tool.run(arguments) for each (tool, arguments), at most max_concurrent at a time, each under its
-    timeout (timeout_s, or the tool's own timeout_s); (output, error kind or None, seconds) per job, in order.
+class ToolRunner:
+    """Tool calls on daemon threads, at most max_concurrent at a time, each under its timeout (timeout_s, or the
+    tool's own timeout_s). Results go to `results` as ("tool", job, (output, error kind or None, seconds)).
 
-    Worker threads are daemons started per job: a call that hangs past its timeout is abandoned (its slot is
-    freed, its late result ignored) and cannot keep the process from exiting."""
-    results: list[tuple[str, str | None, float] | None] = [None] * len(jobs)
-    finished: queue.Queue = queue.Queue()
-    todo, running = deque(range(len(jobs))), {}  # running: job -> (deadline, timeout)
+    A call that hangs past its timeout is abandoned (its slot is freed, its late result ignored; the thread is a
+    daemon, so it cannot keep the process from exiting): call expire() at least every POLL_S while waiting."""
 
-    def work(i: int) -> None:
-        tool, arguments = jobs[i]
+    def __init__(self, max_concurrent: int, timeout_s: float | None, results: queue.Queue):
+        self.max_concurrent, self.timeout_s, self.results = max_concurrent, timeout_s, results
+        self._todo: deque = deque()
+        self._running: dict[Any, tuple[float, float, str]] = {}  # job -> (deadline, limit, tool name)
+        self._lock = threading.Lock()
+
+    def submit(self, job, tool, arguments: dict) -> None:
+        with self._lock:
+            self._todo.append((job, tool, arguments))
+        self._start()
+
+    def _start(self) -> None:
+        with self._lock:
+            while self._todo and len(self._running) < self.max_concurrent:
+                job, tool, arguments = self._todo.popleft()
+                limit = self.timeout_s if self.timeout_s is not None else float(getattr(tool, "timeout_s", 10.0))
+                self._running[job] = (time.monotonic() + limit, limit, tool.name)
+                threading.Thread(target=self._work, args=(job, tool, arguments), daemon=True,
+                                 name=f"tool-{tool.name}").start()
+
+    def _work(self, job, tool, arguments: dict) -> None:
         t0 = time.monotonic()
         try:
             r = tool.run(arguments)
             res = (str(r.output), r.error, time.monotonic() - t0)
         except BaseException as e:  # a tool that raises is an error reply, never a failed rollout
             res = (f"{type(e).__name__}: {e}", "exception", time.monotonic() - t0)
-        finished.put((i, res))
+        with self._lock:
+            if self._running.pop(job, None) is None:
+                return  # timed out already: its timeout reply went out
+            self.results.put(("tool", job, res))
+        self._start()
 
-    while todo or running:
-        while todo and len(running) < max_concurrent:
-            i = todo.popleft()
-            limit = timeout_s if timeout_s is not None else float(getattr(jobs[i][0], "timeout_s", 10.0))
-            running[i] = (time.monotonic() + limit, limit)
-            threading.Thread(target=work, args=(i,), daemon=True, name=f"tool-{jobs[i][0].name}").start()
-        wait = max(0.0, min(d for d, _ in running.values()) - time.monotonic())
-        try:
-            i, res = finished.get(timeout=wait)
-            if i in running:
-                del running[i]
-                results[i] = res
-        except queue.Empty:
-            now = time.monotonic()
-            for i, (deadline, limit) in list(running.items()):
+    def expire(self) -> float:
+        """Time out the calls past their deadline; the seconds until the next deadline (POLL_S if none)."""
+        now = time.monotonic()
+        expired = []
+        with self._lock:
+            for job, (deadline, limit, name) in list(self._running.items()):
                 if now >= deadline:
-                    del running[i]
-                    results[i] = (f"tool {jobs[i][0].name} timed out after {limit:g} s", "timeout", limit)
-                    logger.warning("tool %s timed out after %g s; its thread is abandoned", jobs[i][0].name, limit)
+                    del self._running[job]
+                    expired.append((job, limit, name))
+            nearest = min((d for d, _, _ in self._running.values()), default=now + POLL_S)
+        for job, limit, name in expired:
+            logger.warning("tool %s timed out after %g s; its thread is abandoned", name, limit)
+            self.results.put(("tool", job, (f"tool {name} timed out after {limit:g} s", "timeout", limit)))
+        if expired:
+            self._start()
+        return max(0.0, nearest - time.monotonic())
+
+
+def run_with_timeouts(jobs: list[tuple[Any, dict]], max_concurrent: int,
+                      timeout_s: float | None) -> list[tuple[str, str | None, float]]:
+    """Run tool.run(arguments) for each (tool, arguments) through a ToolRunner; (output, error kind or None,
+    seconds) per job, in order."""
+    results: list[tuple[str, str | None, float] | None] = [None] * len(jobs)
+    finished: queue.Queue = queue.Queue()
+    runner = ToolRunner(max_concurrent, timeout_s, finished)
+    for i, (tool, arguments) in enumerate(jobs):
+        runner.submit(i, tool, arguments)
+    left = len(jobs)
+    while left:
+        try:
+            _, i, res = finished.get(timeout=min(runner.expire(), POLL_S))
+        except queue.Empty:
+            continue
+        results[i] = res
+        left -= 1
     return results
 
 

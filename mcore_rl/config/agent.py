@@ -20,6 +20,13 @@ class AgentConfig:
     tools: list[Any] = field(default_factory=list)
     """The tools the model may call (mcore_rl.agent.tools.build_tools): "calculator", "python", or
     {path: "pkg.module:Class", ...its keyword arguments} for a Tool of your own."""
+    schedule: str = "turn"
+    """How trajectories advance. turn: every turn is one engine call over all trajectories still active, and
+    the next turn starts when every tool call of this one has replied (batch composition, and so sampling, is
+    reproducible: the resume guarantees hold). trajectory: each trajectory sends its next turn as soon as its
+    own tool replies (RolloutEngine.stream), so a slow tool or a long turn holds up nobody else; faster when
+    turns and tools vary, but which requests SGLang batches together depends on timing, so sampled runs are
+    not reproducible unless the engine samples per request with its own seed."""
     max_turns: int = 4
     """Model turns per trajectory (engine calls); a call in the last turn ends the trajectory unanswered
     (end reason max_turns)."""
@@ -55,6 +62,8 @@ class AgentConfig:
         if not self.tools:
             raise ValueError("agent.tools is empty: name at least one tool (calculator, python or "
                              "{path: pkg.module:Class}), or set agent=null for single-turn rollouts")
+        if self.schedule not in ("turn", "trajectory"):
+            raise ValueError(f"agent.schedule must be turn or trajectory, got {self.schedule!r}")
         if self.max_turns < 1:
             raise ValueError(f"agent.max_turns must be >= 1, got {self.max_turns}")
         if self.max_response_tokens < 1:

@@ -12,7 +12,7 @@ import concurrent.futures as cf
 import contextlib
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from mcore_rl.rollout.errors import RolloutEngineError
 
@@ -75,10 +75,12 @@ class Backend:
         return self.wait(self.submit(fn, *args, **kwargs), doing, timeout_s)
 
     # -- to implement -----------------------------------------------------------------------------------------
-    def generate(self, requests: list[dict], timeout_s: float, max_concurrent: int,
+    def generate(self, requests: list[dict] | RequestFeed, timeout_s: float, max_concurrent: int,
                  on_done: Callable[[int, list[dict]], None]) -> None:
         """Run generate requests (GenerateReqInput fields), at most `max_concurrent` at once; call
-        on_done(index, outputs) as each finishes. Each request must finish within `timeout_s` of its start."""
+        on_done(index, outputs) as each finishes. Each request must finish within `timeout_s` of its start.
+        `requests` is a list, or a RequestFeed whose requests may arrive while this runs (it returns once the
+        feed is closed and every request it gave has finished)."""
         raise NotImplementedError
 
     def begin_weight_update(self) -> bool:
@@ -87,6 +89,63 @@ class Backend:
 
     def shutdown(self) -> None:
         pass
+
+
+class RequestFeed:
+    """Generate requests handed to a running Backend.generate call, from any thread: multi-turn rollouts send a
+    trajectory's next turn as soon as its tool has replied, while other trajectories still generate.
+
+        feed = RequestFeed()
+        thread: backend.generate(feed, timeout_s, max_concurrent, on_done)    # returns after close + drain
+        feed.put(request) -> index (the index on_done reports) ... feed.close()
+
+    A list of requests is the feed that holds them and is closed (what Backend.generate makes of a list)."""
+
+    def __init__(self, requests: Sequence[dict] = (), *, closed: bool = False):
+        self._lock = threading.Lock()
+        self._new: list[tuple[int, dict]] = []
+        self._count = 0
+        self._closed = False
+        self._wake: Callable[[], None] | None = None
+        for request in requests:
+            self.put(request)
+        if closed:
+            self.close()
+
+    @classmethod
+    def of(cls, requests: list[dict] | RequestFeed) -> RequestFeed:
+        return requests if isinstance(requests, RequestFeed) else cls(requests, closed=True)
+
+    def put(self, request: dict) -> int:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("RequestFeed.put() after close()")
+            index = self._count
+            self._count += 1
+            self._new.append((index, request))
+            wake = self._wake
+        if wake is not None:
+            wake()
+        return index
+
+    def close(self) -> None:
+        """No more requests: the generate call returns once those given have finished."""
+        with self._lock:
+            self._closed = True
+            wake = self._wake
+        if wake is not None:
+            wake()
+
+    def take(self) -> tuple[list[tuple[int, dict]], bool]:
+        """(index, request) of every request put since the last take, and whether the feed is closed."""
+        with self._lock:
+            new, self._new = self._new, []
+            return new, self._closed
+
+    def set_waker(self, wake: Callable[[], None] | None) -> None:
+        """The generate call's way to be woken by put() and close() (None when it returns)."""
+        with self._lock:
+            self._wake = wake
 
 
 def run_in_thread(fn: Callable[..., Any], *args, lock: threading.Lock | None = None, **kwargs) -> cf.Future:

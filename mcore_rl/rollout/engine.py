@@ -14,12 +14,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 import uuid
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 from mcore_rl.config.rollout import RolloutConfig
-from mcore_rl.rollout.backend import Backend, check_result
+from mcore_rl.rollout.backend import Backend, RequestFeed, check_result, run_in_thread
 from mcore_rl.rollout.errors import RolloutEngineError
 from mcore_rl.types import RolloutBatch, Sample
 from mcore_rl.weight_sync.loaders import LOADERS
@@ -181,6 +182,17 @@ class RolloutEngine:
                 samples.append(sample)
         return RolloutBatch(samples=samples, weight_version=self.weight_version, policy_version=self.policy_version)
 
+    def stream(self, sampling: SamplingParams, on_sample: Callable[[Hashable, Sample], None], *,
+               timeout_s: float | None = None) -> GenerationStream:
+        """Generation that takes prompts while it runs: stream.submit(key, prompt_ids) sends one sample's request
+        at once (SGLang batches it with everything in flight), on_sample(key, Sample) is called as each finishes
+        (from the engine's thread: keep it short), stream.close() waits for the rest and raises the engine's
+        error if there was one. For multi-turn rollouts, where each trajectory's next turn waits only for its own
+        tool (mcore_rl.agent.rollout)."""
+        _check_generate_args([[0]], 1, sampling, None, None, self.cfg.skip_tokenizer_init)
+        self._check_can_generate()
+        return GenerationStream(self, sampling, on_sample, timeout_s or self.cfg.request_timeout_s)
+
     def _check_can_generate(self) -> None:
         if self.weights.sync_open:
             raise RuntimeError("generate() called while a weight sync is open: call weights.end_update() first")
@@ -222,6 +234,45 @@ class RolloutEngine:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+
+class GenerationStream:
+    """RolloutEngine.stream's handle: one Backend.generate call over a RequestFeed, on a thread of its own."""
+
+    def __init__(self, engine: RolloutEngine, sampling: SamplingParams, on_sample, timeout_s: float):
+        self._engine, self._on_sample, self._timeout_s = engine, on_sample, timeout_s
+        self._params = sampling.to_sglang()
+        self._feed = RequestFeed()
+        self._lock = threading.Lock()
+        self._sent: dict[int, tuple[Hashable, list[int]]] = {}
+        engine._requests_may_run = True  # until close() returns normally
+        self._future = run_in_thread(engine.backend.generate, self._feed, timeout_s,
+                                     engine.cfg.max_concurrent_requests, self._done)
+
+    def submit(self, key: Hashable, prompt_ids: Sequence[int]) -> None:
+        prompt = [int(t) for t in prompt_ids]
+        request = {"input_ids": [prompt], "sampling_params": self._params, "return_logprob": True,
+                   "rid": [uuid.uuid4().hex]}
+        with self._lock:  # _done looks the index up under the same lock: it cannot run before this is recorded
+            self._sent[self._feed.put(request)] = (key, prompt)
+
+    def _done(self, index: int, outs: list[dict]) -> None:
+        with self._lock:
+            key, prompt = self._sent.pop(index)
+        if len(outs) != 1:
+            raise RolloutEngineError(f"SGLang returned {len(outs)} outputs for a request of 1 sample")
+        self._on_sample(key, _to_sample(outs[0], prompt, 0, None, ""))
+
+    def failed(self) -> BaseException | None:
+        """The engine's error if generation has stopped with one (the stream is then dead), else None."""
+        return self._future.exception() if self._future.done() else None
+
+    def close(self) -> None:
+        """No more prompts; wait for those in flight (their on_sample calls included)."""
+        self._feed.close()
+        self._engine.backend.wait(self._future, "finish a generation stream", self._timeout_s + 60.0,
+                                  on_timeout=lambda: None)
+        self._engine._requests_may_run = False
 
 
 def _to_sample(out: dict, prompt: Sequence[int], group_id: int, meta: dict | None, prompt_text: str) -> Sample:

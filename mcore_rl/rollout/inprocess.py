@@ -23,7 +23,7 @@ import time
 from typing import Any, Callable
 
 from mcore_rl.rollout import sgl_kernel_stand_in
-from mcore_rl.rollout.backend import POLL_S, Backend, check_result
+from mcore_rl.rollout.backend import POLL_S, Backend, RequestFeed, check_result
 from mcore_rl.rollout.errors import RolloutEngineError
 
 logger = logging.getLogger(__name__)
@@ -196,10 +196,11 @@ class InProcessBackend(Backend):
         return None
 
     # -- generation -------------------------------------------------------------------------------------------
-    def generate(self, requests: list[dict], timeout_s: float, max_concurrent: int,
+    def generate(self, requests: list[dict] | RequestFeed, timeout_s: float, max_concurrent: int,
                  on_done: Callable[[int, list[dict]], None]) -> None:
         self.check_alive("generate")
         engine = self._engine
+        feed = RequestFeed.of(requests)
 
         async def one(i: int, req: dict, sem: asyncio.Semaphore, started: dict[int, float]):
             async with sem:
@@ -209,12 +210,29 @@ class InProcessBackend(Backend):
 
         async def run_all():
             sem, started = asyncio.Semaphore(max_concurrent), {}
-            tasks = {asyncio.ensure_future(one(i, r, sem, started)): i for i, r in enumerate(requests)}
-            pending = set(tasks)
+            loop = asyncio.get_running_loop()
+            woken = asyncio.Event()
+            feed.set_waker(lambda: loop.call_soon_threadsafe(woken.set))
+            tasks: dict[asyncio.Future, int] = {}
+            sent: dict[int, dict] = {}
+            pending: set[asyncio.Future] = set()
             try:
-                while pending:
-                    done, pending = await asyncio.wait(pending, timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
-                    for t in done:
+                while True:
+                    woken.clear()  # before take(): a put() after it wakes the wait below
+                    new, closed = feed.take()
+                    for i, r in new:
+                        sent[i] = r
+                        task = asyncio.ensure_future(one(i, r, sem, started))
+                        tasks[task] = i
+                        pending.add(task)
+                    if closed and not pending:
+                        break
+                    waiter = asyncio.ensure_future(woken.wait())
+                    done, _ = await asyncio.wait(pending | {waiter}, timeout=POLL_S,
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                    waiter.cancel()
+                    for t in done - {waiter}:
+                        pending.discard(t)
                         t.result()  # re-raise SGLang's error (e.g. a prompt longer than the context)
                     reason = self.dead_reason()
                     if reason is not None:
@@ -223,16 +241,17 @@ class InProcessBackend(Backend):
                     late = [tasks[t] for t in pending if tasks[t] in started and now - started[tasks[t]] > timeout_s]
                     if late:
                         raise RolloutEngineError(
-                            f"SGLang engine: a generate request of {len(requests[late[0]]['input_ids'])} samples "
+                            f"SGLang engine: a generate request of {len(sent[late[0]]['input_ids'])} samples "
                             f"did not finish within {timeout_s:g} s (rollout.request_timeout_s); its requests were "
                             "aborted. Raise the timeout, lower max_new_tokens or rollout.request_batch_size.")
             finally:
+                feed.set_waker(None)
                 if pending:
                     for t in pending:
                         t.cancel()
                     if self.dead_reason() is None:
                         for i in {tasks[t] for t in pending}:
-                            for rid in requests[i]["rid"]:
+                            for rid in sent[i]["rid"]:
                                 engine.tokenizer_manager.abort_request(rid=rid)
                     await asyncio.gather(*pending, return_exceptions=True)
 

@@ -24,7 +24,7 @@ from typing import Any, Callable
 from mcore_rl.procs import die_with_parent
 from mcore_rl.net import free_port
 from mcore_rl.rollout import sgl_kernel_stand_in
-from mcore_rl.rollout.backend import POLL_S, Backend, check_result, run_in_thread
+from mcore_rl.rollout.backend import POLL_S, Backend, RequestFeed, check_result, run_in_thread
 from mcore_rl.rollout.errors import RolloutEngineError
 from mcore_rl.rollout.settings import to_cli
 
@@ -166,26 +166,46 @@ class ServerBackend(Backend):
     def _death_note(self) -> str:
         return f" ({self._broken}){self.log_tail()}" if self._broken else ""
 
-    def generate(self, requests: list[dict], timeout_s: float, max_concurrent: int,
+    def generate(self, requests: list[dict] | RequestFeed, timeout_s: float, max_concurrent: int,
                  on_done: Callable[[int, list[dict]], None]) -> None:
         self.check_alive("generate")
+        feed = RequestFeed.of(requests)
         started: dict[int, float] = {}
+        sent: dict[int, dict] = {}
         slots = threading.Semaphore(max_concurrent)
 
         def one(i: int) -> tuple[int, list[dict]]:
             with slots:
                 started[i] = time.monotonic()
-                out = self.post("/generate", requests[i], timeout_s=timeout_s + 5 * POLL_S)
+                out = self.post("/generate", sent[i], timeout_s=timeout_s + 5 * POLL_S)
             if isinstance(out, dict) and "error" in out:
                 raise RolloutEngineError(f"SGLang server rejected a generate request: {out['error']}")
             return i, out if isinstance(out, list) else [out]
 
-        futures = {run_in_thread(one, i): i for i in range(len(requests))}
-        pending = set(futures)
+        wake = [cf.Future()]  # resolved by put() / close(); replaced once it has fired
+
+        def waker() -> None:
+            with contextlib.suppress(cf.InvalidStateError):
+                wake[0].set_result(None)
+
+        feed.set_waker(waker)
+        futures: dict[cf.Future, int] = {}
+        pending: set[cf.Future] = set()
         try:
-            while pending:
-                done, pending = cf.wait(pending, timeout=POLL_S, return_when=cf.FIRST_COMPLETED)
-                for f in done:
+            while True:
+                if wake[0].done():
+                    wake[0] = cf.Future()  # before take(): a put() after it resolves the new one
+                new, closed = feed.take()
+                for i, r in new:
+                    sent[i] = r
+                    f = run_in_thread(one, i)
+                    futures[f] = i
+                    pending.add(f)
+                if closed and not pending:
+                    break
+                done, _ = cf.wait(pending | {wake[0]}, timeout=POLL_S, return_when=cf.FIRST_COMPLETED)
+                for f in done - {wake[0]}:
+                    pending.discard(f)
                     on_done(*f.result())
                 if self.dead_reason() is not None:
                     raise RolloutEngineError(f"SGLang server died during generate: {self._broken}{self.log_tail()}")
@@ -196,11 +216,12 @@ class ServerBackend(Backend):
                         "(rollout.request_timeout_s); its requests were aborted. Raise the timeout, lower "
                         "max_new_tokens or rollout.request_batch_size.")
         finally:
+            feed.set_waker(None)
             for f in pending:
                 f.cancel()
             if pending and self.dead_reason() is None:
                 for i in {futures[f] for f in pending}:
-                    for rid in requests[i]["rid"]:
+                    for rid in sent[i]["rid"]:
                         try:
                             self.post("/abort_request", {"rid": rid}, timeout_s=_CONNECT_TIMEOUT_S)
                         except RolloutEngineError:

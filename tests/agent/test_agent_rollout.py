@@ -126,6 +126,68 @@ def test_cut_at_marker_gives_the_same_trajectories(setup):
             assert s.response_mask == ref[s.meta["user"]].response_mask
 
 
+def test_trajectory_schedule_gives_the_same_trajectories(setup):
+    """agent.schedule=trajectory (each trajectory sends its next turn as soon as its own tool replied, through
+    RolloutEngine.stream): greedy, so the trajectories equal the turn schedule's, token for token, with the same
+    calls, errors and order; log-probs against HF as before."""
+    ref = getattr(setup, "reference", None) or agent(setup).generate(setup.engine, setup.prompts, n=N,
+                                                                     first_group_id=10)
+    batch = agent(setup, schedule="trajectory").generate(setup.engine, setup.prompts, n=N, first_group_id=10)
+    assert len(batch) == len(ref)
+    for s, r in zip(batch.samples, ref.samples):
+        check_trajectory(s, setup.hf)
+        assert (s.group_id, s.prompt_ids, s.response_ids, s.response_mask) == \
+            (r.group_id, r.prompt_ids, r.response_ids, r.response_mask)
+        assert [(c.name, c.error, c.turn) for c in s.agent.tool_calls] == \
+            [(c.name, c.error, c.turn) for c in r.agent.tool_calls]
+        assert (s.agent.end_reason, s.agent.num_turns, s.finish_reason) == \
+            (r.agent.end_reason, r.agent.num_turns, r.finish_reason)
+
+
+class _Gate(Sleepy):
+    """Registered as "sleepy": waits (up to its 20 s timeout) until the fifth "add" call. The turn's four add
+    calls come from the first turns of "add two and three" and "loop" (N=2 each); a fifth comes only from a
+    second turn of "loop". So the gate opens only if a trajectory can take its next turn while another one's
+    tool is still running."""
+
+    timeout_s = 20.0
+
+    def __init__(self, opened):
+        self.opened = opened
+
+    def run(self, arguments):
+        from mcore_rl.agent.tools import ToolResult
+
+        return ToolResult("open") if self.opened.wait(15.0) else ToolResult("shut", error="exception")
+
+
+class _CountingAdd(type(make_tools()["add"])):
+    def __init__(self, opened):
+        import threading
+
+        self.opened, self.calls, self.lock = opened, 0, threading.Lock()
+
+    def run(self, arguments):
+        with self.lock:  # calls run on several threads at once
+            self.calls += 1
+            if self.calls >= 5:
+                self.opened.set()
+        return super().run(arguments)
+
+
+def test_a_slow_tool_holds_up_only_its_own_trajectory(setup):
+    import threading
+
+    opened = threading.Event()
+    tools = {**make_tools(), "sleepy": _Gate(opened), "add": _CountingAdd(opened)}
+    cfg = AgentConfig(tools=["add", "boom", "sleepy"], max_turns=3, max_response_tokens=400,
+                      reply_format=REPLY_FORMAT, schedule="trajectory")
+    batch = AgentRollout(cfg, setup.tok, tools).generate(setup.engine, setup.prompts, n=N)
+    waited = [s.agent.tool_calls[0] for s in batch.samples if s.meta["user"] == "wait"]
+    assert [(c.name, c.error) for c in waited] == [("sleepy", None)] * N  # the gate opened: "loop" went on
+    assert all(c.seconds < 15.0 for c in waited)
+
+
 def test_token_budget_ends_trajectories(setup):
     batch = agent(setup, max_turns=8, max_response_tokens=90).generate(setup.engine, setup.prompts[4:5], n=1)
     (s,) = batch.samples
@@ -204,6 +266,8 @@ def test_reply_template_from_chat_template(tmp_path):
 def test_agent_config_errors():
     with pytest.raises(ValueError, match="agent.tools is empty"):
         AgentConfig()
+    with pytest.raises(ValueError, match="agent.schedule must be turn or trajectory, got 'async'"):
+        AgentConfig(tools=["calculator"], schedule="async")
     with pytest.raises(ValueError, match="must contain \\{reply\\}"):
         AgentConfig(tools=["calculator"], reply_format="no placeholder")
     with pytest.raises(ValueError, match="agent.max_turns must be >= 1"):

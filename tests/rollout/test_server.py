@@ -92,3 +92,30 @@ def test_request_timeout_aborts_and_server_stays_usable(server, hf, prompts):
         server.generate([[5, 6, 7]], n=8, sampling=sampling, timeout_s=0.001)
     assert server.alive
     assert_matches_hf(server, hf["m0"], prompts["m0"][:2])
+
+
+def test_stream_takes_prompts_while_it_runs(server, prompts):
+    """RolloutEngine.stream over HTTP (the in-process backend's is covered by tests/agent): a prompt submitted
+    from another one's completion, while the stream runs, is generated too; greedy tokens equal HF's."""
+    import threading
+
+    items = prompts["m0"][:3]
+    done, all_done = {}, threading.Event()
+    sampling = server.default_sampling(temperature=0.0, max_new_tokens=NUM_NEW, ignore_eos=True)
+
+    def on_sample(key, sample):
+        done[key] = sample
+        if key == 0:
+            stream.submit(2, items[2][0])  # from the engine's thread, mid-stream
+        if len(done) == 3:
+            all_done.set()
+
+    stream = server.stream(sampling, on_sample)
+    stream.submit(0, items[0][0])
+    stream.submit(1, items[1][0])
+    assert all_done.wait(300), f"the stream finished {sorted(done)} of 3 prompts (hang guard, not a timing test)"
+    stream.close()
+    assert stream.failed() is None
+    for k, (prompt, greedy) in enumerate(items):
+        assert done[k].prompt_ids == list(prompt) and done[k].response_ids == list(greedy), k
+        assert len(done[k].rollout_logprobs) == NUM_NEW
