@@ -79,8 +79,10 @@ def _masked_max(x: Tensor, mask: Tensor) -> Tensor:
     return masked_fill_padding(x, mask).amax() if x.numel() > 0 else x.new_zeros(())
 
 
-def _metrics(old: Tensor, rollout: Tensor, mask: Tensor, truncated: Tensor, masked: Tensor) -> dict[str, Tensor]:
-    ratio = _exp_ratio(old - rollout)
+def _metrics(old: Tensor, rollout: Tensor, mask: Tensor, truncated: Tensor, masked: Tensor,
+             ratio: Tensor | None = None) -> dict[str, Tensor]:
+    """ratio: the token ratios rho_t when the caller has them already."""
+    ratio = _exp_ratio(old - rollout) if ratio is None else ratio
     return {
         "ratio_mean": masked_mean(ratio, mask),
         "ratio_max": _masked_max(ratio, mask),
@@ -115,8 +117,8 @@ def token_tis(
     _check_cap(cap)
     old, rollout, mask = _prepare(old_logprobs, rollout_logprobs, response_mask)
     weights = truncated_importance_weights(old, rollout, mask, cap=cap)
-    truncated = _exp_ratio(old - rollout) > cap
-    return weights, _metrics(old, rollout, mask, truncated, torch.zeros_like(mask))
+    ratio = _exp_ratio(old - rollout)
+    return weights, _metrics(old, rollout, mask, ratio > cap, torch.zeros_like(mask), ratio)
 
 
 @register_correction("token_mask")
@@ -143,7 +145,7 @@ def token_mask(
     outside = (ratio < low) | (ratio > high)
     kept = ratio if weight_by_ratio else torch.ones_like(ratio)
     weights = torch.where(mask & ~outside, kept, torch.zeros_like(ratio))
-    return weights, _metrics(old, rollout, mask, torch.zeros_like(mask), outside)
+    return weights, _metrics(old, rollout, mask, torch.zeros_like(mask), outside, ratio)
 
 
 @register_correction("seq_mask")

@@ -32,17 +32,12 @@ def make_arithmetic_rows(
     """
     if num_operands < 2:
         raise ValueError(f"num_operands ({num_operands}) must be at least 2")
-    if not 1 <= min_digits <= max_digits:
-        raise ValueError(f"need 1 <= min_digits ({min_digits}) <= max_digits ({max_digits})")
-    if not operators or set(operators) - set("+-*"):
-        raise ValueError(f"operators ({operators!r}) must be a non-empty string of '+', '-', '*'")
+    _check_problem_args(min_digits, max_digits, operators)
     rng = random.Random(seed)
     rows = []
     for _ in range(num_rows):
-        operands = [_random_operand(rng, min_digits, max_digits) for _ in range(num_operands)]
-        ops = [rng.choice(operators) for _ in range(num_operands - 1)]
-        expr = " ".join([str(operands[0])] + [f"{op} {b}" for op, b in zip(ops, operands[1:], strict=True)])
-        rows.append({"prompt": f"What is {expr}? {ARITHMETIC_SUFFIX}", "answer": str(_evaluate(operands, ops))})
+        expr, value = _random_problem(rng, num_operands, min_digits, max_digits, operators)
+        rows.append({"prompt": f"What is {expr}? {ARITHMETIC_SUFFIX}", "answer": str(value)})
     return rows
 
 
@@ -98,16 +93,11 @@ def make_tool_arithmetic_rows(num_rows: int, *, seed: int = 0, min_digits: int =
     operands; the examples are other problems of the same kind."""
     if shots < 0:
         raise ValueError(f"shots ({shots}) must be >= 0")
-    if not 1 <= min_digits <= max_digits:
-        raise ValueError(f"need 1 <= min_digits ({min_digits}) <= max_digits ({max_digits})")
-    if not operators or set(operators) - set("+-*"):
-        raise ValueError(f"operators ({operators!r}) must be a non-empty string of '+', '-', '*'")
+    _check_problem_args(min_digits, max_digits, operators)
     rng = random.Random(seed)
 
     def problem() -> tuple[str, int]:
-        a, b = _random_operand(rng, min_digits, max_digits), _random_operand(rng, min_digits, max_digits)
-        op = rng.choice(operators)
-        return f"{a} {op} {b}", _evaluate([a, b], [op])
+        return _random_problem(rng, 2, min_digits, max_digits, operators)
 
     rows = []
     for _ in range(num_rows):
@@ -178,6 +168,22 @@ def write_jsonl(rows: Iterable[dict[str, Any]], path: str | Path) -> Path:
         for row in rows:
             f.write(json.dumps(row) + "\n")
     return path
+
+
+def _check_problem_args(min_digits: int, max_digits: int, operators: str) -> None:
+    if not 1 <= min_digits <= max_digits:
+        raise ValueError(f"need 1 <= min_digits ({min_digits}) <= max_digits ({max_digits})")
+    if not operators or set(operators) - set("+-*"):
+        raise ValueError(f"operators ({operators!r}) must be a non-empty string of '+', '-', '*'")
+
+
+def _random_problem(rng: random.Random, num_operands: int, min_digits: int, max_digits: int,
+                    operators: str) -> tuple[str, int]:
+    """An expression like "23 + 48 * 7" and its value (the usual precedence): operands first, then operators."""
+    operands = [_random_operand(rng, min_digits, max_digits) for _ in range(num_operands)]
+    ops = [rng.choice(operators) for _ in range(num_operands - 1)]
+    expr = " ".join([str(operands[0])] + [f"{op} {b}" for op, b in zip(ops, operands[1:], strict=True)])
+    return expr, _evaluate(operands, ops)
 
 
 def _random_operand(rng: random.Random, min_digits: int, max_digits: int) -> int:

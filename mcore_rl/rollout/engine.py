@@ -189,7 +189,7 @@ class RolloutEngine:
         (from the engine's thread: keep it short), stream.close() waits for the rest and raises the engine's
         error if there was one. For multi-turn rollouts, where each trajectory's next turn waits only for its own
         tool (mcore_rl.agent.rollout)."""
-        _check_generate_args([[0]], 1, sampling, None, None, self.cfg.skip_tokenizer_init)
+        _check_sampling(sampling, self.cfg.skip_tokenizer_init)
         self._check_can_generate()
         return GenerationStream(self, sampling, on_sample, timeout_s or self.cfg.request_timeout_s)
 
@@ -338,6 +338,10 @@ def _check_generate_args(prompts, n, sampling, metas, prompt_texts, skip_tokeniz
     for name, seq in (("metas", metas), ("prompt_texts", prompt_texts)):
         if seq is not None and len(seq) != len(prompts):
             raise ValueError(f"{name} has {len(seq)} entries for {len(prompts)} prompts")
+    _check_sampling(sampling, skip_tokenizer_init)
+
+
+def _check_sampling(sampling: SamplingParams, skip_tokenizer_init: bool) -> None:
     if sampling.stop and skip_tokenizer_init:
         raise ValueError(f"stop strings {list(sampling.stop)} need SGLang's tokenizer: start the engine with "
                          "rollout.skip_tokenizer_init=false, or use stop_token_ids")
