@@ -1,5 +1,6 @@
 """Small, offline stand-ins for real checkpoints: a trained-on-the-fly BPE tokenizer with a chat template and
-tiny randomly initialised HF models of every supported architecture.
+tiny randomly initialised HF models of every supported architecture; `unequal`, what differs between two sets
+of tensors, for the reports of multi-process test workers (names and sizes, not a bare boolean).
 
 Tests, the benchmark tool and examples use these because nothing can be downloaded from the HuggingFace Hub on
 CI machines. Everything is seeded, so a given call produces the same files every time.
@@ -9,6 +10,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:
+    import torch
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
@@ -134,3 +139,25 @@ def make_tiny_hf_model(
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
     model.save_pretrained(str(path), safe_serialization=True)
     return path
+
+
+def unequal(a: Mapping[str, "torch.Tensor"], b: Mapping[str, "torch.Tensor"]) -> dict[str, float | str]:
+    """name -> max |a - b| (float) for each tensor of `a` not exactly equal to b's, or why they cannot be
+    compared (missing in b, shapes). {} when every tensor of `a` equals b's bit for bit."""
+    import torch
+
+    out: dict[str, float | str] = {}
+    for name, x in a.items():
+        y = b.get(name)
+        if y is None:
+            out[name] = "missing"
+        elif x.shape != y.shape:
+            out[name] = f"shape {list(x.shape)} vs {list(y.shape)}"
+        elif not torch.equal(x, y):
+            out[name] = (x.detach().double() - y.detach().double()).abs().max().item()
+    return out
+
+
+def listed(tensors) -> dict[str, "torch.Tensor"]:
+    """An unnamed sequence of tensors, named by position ("0", "1", ...), for unequal()."""
+    return {str(i): t for i, t in enumerate(tensors)}

@@ -36,6 +36,16 @@ class Sample:
     """Mixture-of-experts rollouts with rollout.return_routed_experts: a torch integer tensor [P + R - 1,
     num_layers, topk], the experts the engine routed token j of prompt + response to in each layer, for every
     token it ran forward (all but the last); None otherwise."""
+    versions: list[int] | None = None
+    """Asynchronous rollouts (trainer.rollout_mode != sync): the policy version (RolloutEngine.policy_version, the
+    trainer step whose weights) that generated each response token; len == len(response_ids). More than one
+    value when a weight sync came while the sample was generating and it was continued with the new weights
+    (trainer.partial_rollouts=continue). None in synchronous runs."""
+
+    @property
+    def policy_version(self) -> int | None:
+        """The oldest weights that generated any of this sample's tokens (what its staleness is counted from)."""
+        return min(self.versions) if self.versions else None
 
     @property
     def num_tokens(self) -> int:

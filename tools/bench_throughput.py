@@ -81,6 +81,9 @@ def _engine_args(p) -> None:
     p.add_argument("--old-logprobs", choices=("auto", "recompute"), default="auto",
                    help="e2e: auto skips the old log-prob forward (one update a step: exactly on-policy, as the "
                         "trainer's actor.old_logprobs=auto); recompute runs it")
+    p.add_argument("--rollout-mode", choices=("sync", "one_step_off_policy"), default="sync",
+                   help="e2e: one_step_off_policy generates the next step's batch while this one trains, as "
+                        "trainer.rollout_mode does (docs/async.md)")
     p.add_argument("--max-total-tokens", type=int, default=32768, help="SGLang KV cache tokens on CPU")
     p.add_argument("--mem-fraction-static", type=float, default=None,
                    help="SGLang's share of GPU memory (default 0.35; lower it for larger models colocated)")
@@ -167,7 +170,7 @@ def run_engine_benches(args, names, world: int) -> dict:
             result.update(e2e.run(engine, actor, ref, hf, prompts, args.n, args.max_new_tokens, args.bucket_mb << 20,
                                   args.max_tokens_per_micro_batch, args.repeats, args.warmup, args.old_logprobs,
                                   "auto" if args.sync_layout == "all" else args.sync_layout,
-                                  args.forward_max_tokens_per_micro_batch))
+                                  args.forward_max_tokens_per_micro_batch, args.rollout_mode))
         if args.json and os.path.exists(args.json + ".partial"):  # complete: main writes args.json
             os.remove(args.json + ".partial")
     finally:

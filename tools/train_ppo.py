@@ -15,23 +15,44 @@ import hydra
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from mcore_rl import console  # noqa: E402
 from mcore_rl.config.root import register, to_object  # noqa: E402
 
+if __name__ != "__main__":  # a process the run spawned (SGLang's scheduler) re-imports this file: the run's level
+    console.configure_from_env()
 register()
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg) -> None:
     from mcore_rl.procs import OutputLockedError
-    from mcore_rl.trainer.loop import train
 
     try:
-        train(to_object(cfg))
+        config = to_object(cfg)
+        console.configure(config.logger.level, config.rollout.log_level)  # before Megatron and SGLang import
+        from mcore_rl.trainer.loop import train
+
+        train(config)
     except OutputLockedError as e:  # one line from rank 0, not a traceback per rank
         if int(os.environ.get("RANK", 0)) == 0:
             print(f"mcore_rl: {e}", file=sys.stderr, flush=True)
         sys.exit(2)
+    except (ValueError, OSError) as e:  # user errors (config, paths, data, a full disk): one line per rank
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        what = "" if isinstance(e, ValueError) else f"{type(e).__name__}: "
+        print(f"mcore_rl: error [rank {os.environ.get('RANK', '0')}]: {what}{e}", file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
+    from mcore_rl.config.cli import check_output_dir, check_overrides
+
+    try:  # before Hydra: its message for a mistyped key suggests appending it with "+"; it makes its log folder
+        check_overrides(sys.argv[1:])  # in the output folder, failing with a traceback if it cannot
+        check_output_dir(sys.argv[1:])
+    except ValueError as e:
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(f"mcore_rl: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
     main()

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 from mcore_rl.agent.parser import ToolCall, ToolCallFormat, end_of_call, parse_tool_calls
 from mcore_rl.config.agent import AgentConfig
+from mcore_rl.rollout.seeds import sample_seed
 from mcore_rl.types import AgentTrace, RolloutBatch, Sample, ToolCallRecord
 
 logger = logging.getLogger(__name__)
@@ -51,6 +52,8 @@ class _Trajectory:
     trace: AgentTrace = field(default_factory=AgentTrace)
     finish: str = "stop"
     done: bool = False
+    index: int = 0
+    """Which of its group's n trajectories this is (with group_id and the turn: its sampling seed)."""
 
     def append(self, ids: Sequence[int], logprobs: Sequence[float] | None) -> None:
         self.ids += ids
@@ -94,32 +97,36 @@ class AgentRollout:
             raise error
 
     # -- one step's rollouts ---------------------------------------------------------------------------------
-    def generate(self, engine, prompts, n: int = 1, *, first_group_id: int = 0) -> RolloutBatch:
+    def generate(self, engine, prompts, n: int = 1, *, first_group_id: int = 0, seed_stream: str = "") -> RolloutBatch:
         """n trajectories per prompt (items with prompt_ids, meta, prompt_text), in prompt order; trajectories of
-        prompt i share group_id first_group_id + i."""
-        trajs = [_Trajectory(list(p.prompt_ids), first_group_id + i, dict(p.meta), p.prompt_text)
-                 for i, p in enumerate(prompts) for _ in range(n)]
+        prompt i share group_id first_group_id + i. Turn k of trajectory j of a group is sampled with seed
+        seeds.sample_seed(rollout.random_seed, group_id, j, turn=k, stream=seed_stream), in either schedule."""
+        trajs = [_Trajectory(list(p.prompt_ids), first_group_id + i, dict(p.meta), p.prompt_text, index=j)
+                 for i, p in enumerate(prompts) for j in range(n)]
         base = engine.default_sampling()
         stops = tuple(base.stop_token_ids) + ((self.end_token,) if self.end_token is not None else ())
         sampling = engine.default_sampling(stop_token_ids=stops)
         version = (engine.weight_version, engine.policy_version)
+        def seed(t: _Trajectory) -> int:  # of t's next turn
+            return sample_seed(engine.cfg.random_seed, t.group_id, t.index, t.trace.num_turns, seed_stream)
+
         if self.cfg.schedule == "turn":
-            self._by_turn(engine, trajs, sampling)
+            self._by_turn(engine, trajs, sampling, seed)
         else:
-            self._by_trajectory(engine, trajs, sampling)
+            self._by_trajectory(engine, trajs, sampling, seed)
         samples = [Sample(prompt_ids=t.prompt, response_ids=t.ids, rollout_logprobs=t.logprobs,
                           finish_reason=t.finish, group_id=t.group_id, prompt_text=t.prompt_text, meta=t.meta,
                           response_mask=t.mask, agent=t.trace) for t in trajs]
         return RolloutBatch(samples=samples, weight_version=version[0], policy_version=version[1])
 
-    def _by_turn(self, engine, trajs: list[_Trajectory], sampling) -> None:
+    def _by_turn(self, engine, trajs: list[_Trajectory], sampling, seed) -> None:
         """agent.schedule=turn: one engine call per turn over the active trajectories, then their tool calls."""
         for turn in range(self.cfg.max_turns):
             active = [t for t in trajs if not t.done]
             if not active:
                 break
             inputs = [t.prompt + t.ids for t in active]
-            batch = engine.generate(inputs, n=1, sampling=sampling)
+            batch = engine.generate(inputs, n=1, sampling=sampling, sampling_seeds=[seed(t) for t in active])
             pending: list[tuple[_Trajectory, ToolCall, str]] = []
             for t, inp, out in zip(active, inputs, batch.samples):
                 if self.record_inputs:
@@ -131,7 +138,7 @@ class AgentRollout:
             for (t, call, turn_text), (text, record) in zip(pending, replies):
                 self._take_reply(t, turn, turn_text, text, record)
 
-    def _by_trajectory(self, engine, trajs: list[_Trajectory], sampling) -> None:
+    def _by_trajectory(self, engine, trajs: list[_Trajectory], sampling, seed) -> None:
         """agent.schedule=trajectory: every trajectory sends its next turn as soon as its own call has replied.
         One loop on this thread takes the engine's finished turns and the tools' replies from one queue."""
         events: queue.Queue = queue.Queue()
@@ -143,7 +150,7 @@ class AgentRollout:
                 t = trajs[k]
                 if self.record_inputs:
                     t.trace.turn_inputs = (t.trace.turn_inputs or []) + [t.prompt + t.ids]
-                stream.submit(k, t.prompt + t.ids)
+                stream.submit(k, t.prompt + t.ids, sampling_seed=seed(t))
 
             for k in range(len(trajs)):
                 send(k)

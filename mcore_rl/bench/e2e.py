@@ -17,6 +17,12 @@ to us: it is what a step costs against the least the libraries need for the same
 update computes logits at every position, as Megatron does; ours, like the trainer (model.lm_head=loss_tokens),
 only at the response tokens the loss reads (`e2e.lm_head`; --lm-head all does the raw update's work).
 `e2e.ratio_vs_raw_parts` = raw parts / our step (1.0 = no overhead; below 1 = slower).
+
+--rollout-mode one_step_off_policy overlaps as the trainer's trainer.rollout_mode does (docs/async.md): each step
+starts generating the next step's batch, on a thread, with the weights it trains from, then runs its forward
+passes and update, waits for that generation to finish (`e2e.sync_wait_s`) and syncs. `e2e.rollout_s` is then
+the time a step waited for its batch (0 once generation keeps ahead), and the ratio can exceed 1: the raw parts
+run one after the other.
 """
 
 from __future__ import annotations
@@ -48,13 +54,18 @@ class GRPOStep:
     """Our step, its parts timed separately (seconds in `last`)."""
 
     def __init__(self, engine, actor, ref, hf: dict, bucket_bytes: int, max_tokens_per_micro_batch: int,
-                 old_logprobs: str = "auto", sync_layout: str = "auto", forward_max_tokens: int = 0):
+                 old_logprobs: str = "auto", sync_layout: str = "auto", forward_max_tokens: int = 0,
+                 rollout_mode: str = "sync"):
         from mcore_rl.config.rl import ActorConfig
         from mcore_rl.config.weight_sync import WeightSyncConfig
         from mcore_rl.weight_sync import WeightSync
 
         if old_logprobs not in ("auto", "recompute"):
             raise ValueError(f"old_logprobs must be auto or recompute, got {old_logprobs!r}")
+        if rollout_mode not in ("sync", "one_step_off_policy"):
+            raise ValueError(f"rollout_mode must be sync or one_step_off_policy, got {rollout_mode!r}")
+        self.overlap = rollout_mode == "one_step_off_policy"
+        self._next = None  # overlap: the next step's generation, running
         self.engine, self.actor, self.ref = engine, actor, ref
         self.recompute = old_logprobs == "recompute"  # auto: one update from the whole batch, so skip
         # the trainer's weight sync, in the layout it would choose (sync_layout=auto) or the one asked for
@@ -72,8 +83,20 @@ class GRPOStep:
         from mcore_rl.engine.batching import make_micro_batches
         from mcore_rl.trainer.rl_step import gather_tokens
 
+        from mcore_rl.rollout.backend import run_in_thread
+
         t = {}
-        t["rollout"], batch = timed(lambda: self.engine.generate(prompts, n=n, sampling=sampling))
+
+        def generate():
+            return self.engine.generate(prompts, n=n, sampling=sampling)
+
+        if self.overlap:
+            if self._next is None:  # the first step has nothing generated ahead
+                self._next = run_in_thread(generate)
+            t["rollout"], batch = timed(self._next.result)
+            self._next = run_in_thread(generate)  # the next step's batch, with the weights this step trains from
+        else:
+            t["rollout"], batch = timed(generate)
         samples = batch.samples
         seqs = []
         for s in samples:
@@ -109,6 +132,8 @@ class GRPOStep:
             self.actor.train_step(train_mbs, _pg_kl_loss(num_tokens, self.ref is not None, not self.recompute))
 
         t["update"], _ = timed(update)
+        if self.overlap:  # a sync waits for the generation in flight (trainer.partial_rollouts=finish)
+            t["sync_wait"], _ = timed(self._next.exception)
         t["sync"], _ = timed(self.sync.sync)
         self.last = t
         self.last_ids = torch.stack([s["input_ids"] for s in seqs])
@@ -118,7 +143,8 @@ class GRPOStep:
 
 def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_tokens: int, bucket_bytes: int,
         max_tokens_per_micro_batch: int = 4096, repeats: int = 2, warmup: int = 1,
-        old_logprobs: str = "auto", sync_layout: str = "auto", forward_max_tokens: int = 0) -> dict:
+        old_logprobs: str = "auto", sync_layout: str = "auto", forward_max_tokens: int = 0,
+        rollout_mode: str = "sync") -> dict:
     from mcore_rl.bench.common import model_dtype
     from mcore_rl.bench.train import RawMegatron
     from mcore_rl.bench.weight_sync import PlainCopy, baseline_exporter
@@ -127,7 +153,7 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
 
     sampling = engine.default_sampling(temperature=1.0, max_new_tokens=max_new_tokens, ignore_eos=True)
     step = GRPOStep(engine, actor, ref, hf, bucket_bytes, max_tokens_per_micro_batch, old_logprobs, sync_layout,
-                    forward_max_tokens)
+                    forward_max_tokens, rollout_mode)
     raw = raw_sglang(engine)
     raw_ids = [list(p) for p in prompts for _ in range(n)]
     raw_params = sampling.to_sglang()
@@ -158,7 +184,7 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
            "e2e.step_s": median(totals), "e2e.raw_parts_s": median(raw_totals),
            "e2e.old_logprobs_mode": "recompute" if step.recompute else "skip", "e2e.sync_layout": step.sync.layout,
            "e2e.lm_head": actor.model_info.lm_head,
-           "e2e.forward_max_tokens_per_micro_batch": step.forward_max_tokens}
+           "e2e.forward_max_tokens_per_micro_batch": step.forward_max_tokens, "e2e.rollout_mode": rollout_mode}
     out["e2e.ratio_vs_raw_parts"] = out["e2e.raw_parts_s"] / out["e2e.step_s"]
     for part in ours[0]:
         out[f"e2e.{part}_s"] = median([o[part] for o in ours])

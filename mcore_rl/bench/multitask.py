@@ -9,6 +9,7 @@ of their step times.
 
     multitask.step_s, multitask.<task>_step_s, multitask.separate_step_s (sum), multitask.step_ratio_vs_separate
     multitask.peak_rss_gb, multitask.separate_peak_rss_gb (sum), multitask.memory_ratio_vs_separate
+    multitask.steps_logged, multitask.tasks_trained (and per task): what each run did, from its metrics
     (and the *_peak_gpu_gb figures on CUDA)
 
 The runs need a checkout (tools/train_ppo.py and the recipes under conf/), which the caller names: `repo`.
@@ -43,7 +44,12 @@ def _run(repo: Path, nproc: int, overrides: list[str], out: Path, timeout: float
 def _summary(rows: list[dict]) -> dict:
     timed = rows[1:] or rows
     out = {"step_s": statistics.median(r["timing/step_s"] for r in timed),
-           "peak_rss_gb": max(r.get("memory/peak_rss_gb") or 0.0 for r in rows)}
+           "peak_rss_gb": max(r.get("memory/peak_rss_gb") or 0.0 for r in rows),
+           "steps_logged": float(len(rows)),
+           # tasks that trained in some step (task/<name>/trained): a run measured as "one task alone" that
+           # trained both, or none, would make the comparison meaningless
+           "tasks_trained": float(len({k.split("/")[1] for r in rows for k, v in r.items()
+                                       if k.startswith("task/") and k.endswith("/trained") and v}))}
     gpu = [r["memory/peak_gpu_gb"] for r in rows if r.get("memory/peak_gpu_gb") is not None]
     if gpu:
         out["peak_gpu_gb"] = max(gpu)
@@ -81,7 +87,7 @@ def run(repo: str | os.PathLike, experiment: str, steps: int, nproc: int, overri
     for name, figures in alone.items():
         for key, value in figures.items():
             res[f"multitask.{name}_{key}"] = value
-    for key in ("step_s", "peak_rss_gb", "peak_gpu_gb"):
+    for key in ("step_s", "peak_rss_gb", "peak_gpu_gb"):  # not the counts: they are checked, not summed
         if key in together and all(key in f for f in alone.values()):
             res[f"multitask.separate_{key}"] = sum(f[key] for f in alone.values())
     res["multitask.step_ratio_vs_separate"] = together["step_s"] / res["multitask.separate_step_s"]

@@ -123,8 +123,11 @@ def _setup(hf: dict, tp: int, pp: int, ep: int = 1):
 
     resolve_arch(hf)
     parallel = ParallelConfig(tp=tp, pp=pp, ep=ep)
-    validate_layout(hf, parallel)  # the model's constraints first: they say which tp / pp can work at all
-    validate(parallel, env_world()[1], hf)
+    try:
+        validate_layout(hf, parallel)  # the model's constraints first: they say which tp / pp can work at all
+        validate(parallel, env_world()[1], hf)
+    except ValueError as e:  # said in this tool's words: --tp, not the trainer's parallel.tp
+        raise ValueError(str(e).replace("parallel.", "--")) from None
     initialize(parallel, hf)
     return parallel
 

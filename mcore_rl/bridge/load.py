@@ -42,9 +42,10 @@ def check_hf_checkpoint(reader: SafetensorsReader, hf: dict, strict: bool = True
         got = reader.shape(name)
         if got != shape:
             raise ValueError(
-                f"tensor {name!r} in {reader.file_of(name)} has shape {list(got)}, expected {list(shape)} from "
-                f"config.json (hidden_size, num_attention_heads, num_key_value_heads, head_dim, intermediate_size, "
-                f"vocab_size); the weights do not match the config"
+                f"tensor {name!r} in {os.path.join(reader.hf_dir, reader.file_of(name))} has shape {list(got)}, "
+                f"expected {list(shape)} from {os.path.join(reader.hf_dir, 'config.json')} (hidden_size, "
+                "num_attention_heads, num_key_value_heads, head_dim, intermediate_size, vocab_size); the weights do "
+                "not match the config: use the config.json they were saved with"
             )
     extra = sorted(n for n in present - expected.keys() if not allowed_extra(hf, n))
     if extra:

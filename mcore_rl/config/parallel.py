@@ -28,6 +28,11 @@ class ParallelConfig:
     distributed_timeout_minutes: int = 30
     """torch.distributed timeout, in minutes: how long a collective may wait for a stuck peer before the run
     fails. Raise it when a rank legitimately waits long (e.g. for a slow rollout or checkpoint on another rank)."""
+    watchdog_s: float = 3600.0
+    """A worker stops (exit status 1) when one phase of a step (rollout, forward, update, weight sync, checkpoint,
+    step end) has lasted this many seconds, with a line naming its rank, the phase and the step: a collective that
+    waits for a rank that no longer answers ends here instead of hanging (mcore_rl/parallel/watchdog.py). Must
+    exceed the longest legitimate phase, a rank's wait for rank 0's rollout included. 0 = off."""
 
     def __post_init__(self):
         for name in ("tp", "pp", "ep", "etp"):
@@ -36,6 +41,8 @@ class ParallelConfig:
                 continue
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"parallel.{name} must be a positive integer, got {value!r}")
+        if not self.watchdog_s >= 0:
+            raise ValueError(f"parallel.watchdog_s must be >= 0 seconds (0 = off), got {self.watchdog_s}")
         if self.vpp is not None and (self.vpp < 1 or self.pp == 1):
             raise ValueError(
                 f"parallel.vpp ({self.vpp}) needs pipeline parallelism (parallel.pp > 1, got {self.pp}) "

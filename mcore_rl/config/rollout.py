@@ -14,6 +14,7 @@ from typing import Any
 
 MODES = ("engine", "server")
 DEVICES = ("auto", "cpu", "cuda")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # Our names (as in model.dtype) and SGLang's, both accepted; "auto" keeps the checkpoint's dtype.
 DTYPES = {"auto": "auto", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16",
           "float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -63,13 +64,23 @@ class RolloutConfig:
     context_length: int | None = None
     """Longest prompt + response; None = the checkpoint's max_position_embeddings."""
     random_seed: int = 0
-    """SGLang's random seed (its sampling). The trainer's seed is parallel.seed, the prompt order's data.seed."""
+    """Seeds SGLang's sampling: each sample's seed is a hash of (random_seed, its group_id, its index in the group,
+    and for agent trajectories the turn) (mcore_rl/rollout/seeds.py). The trainer's seed is parallel.seed, the
+    prompt order's data.seed."""
+    deterministic: bool | None = None
+    """Sample each request with its own seed (SGLang's enable_deterministic_inference), so a resumed run draws the
+    same samples as an uninterrupted one and two runs with the same seeds are equal (docs/reliability.md, "Exact
+    resume"). Off: SGLang's one global sampling RNG, which a restarted engine restarts. None: on for CPU (its cost
+    there: no radix cache, so each sample runs its prompt's prefill), off on GPU (where SGLang also switches to
+    batch-invariant kernels, about a third slower). An attached server (server_url) must be launched with
+    --enable-deterministic-inference for it."""
     host: str = "127.0.0.1"
     """Server mode: address the launched server binds to."""
     port: int | None = None
     """Server mode: port of the launched server; None picks a free one."""
-    log_level: str = "warning"
-    """SGLang's log level (debug, info, warning, error); info shows where a slow start or a stuck request is."""
+    log_level: str | None = None
+    """SGLang's log level (debug, info, warning, error); info shows where a slow start or a stuck request is.
+    None: in a training run, follows logger.level (error at info, info at verbose); used alone, warning."""
     return_routed_experts: bool = False
     """Mixture-of-experts models: start SGLang with enable_return_routed_experts and return, with every sample,
     the experts each layer routed each token to (Sample.routed_experts). Set by the trainer from
@@ -119,6 +130,8 @@ class RolloutConfig:
             raise ValueError(f"rollout.dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.tp_size < 1:
             raise ValueError(f"rollout.tp_size must be >= 1, got {self.tp_size}")
+        if self.log_level is not None and self.log_level.lower() not in LOG_LEVELS:
+            raise ValueError(f"rollout.log_level must be one of {LOG_LEVELS} or null, got {self.log_level!r}")
         if self.port is not None and not 0 < self.port < 65536:
             raise ValueError(f"rollout.port must be in 1..65535 or null (pick a free port), got {self.port}")
         for name in ("startup_timeout_s", "request_timeout_s"):

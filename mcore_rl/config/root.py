@@ -98,6 +98,9 @@ class RLConfig:
             elif not self.ref.enabled:
                 raise ValueError(f"{where}dpo compares the actor with the reference; set ref.enabled=true")
         self._check_weight_sync_layout()
+        self._check_rollout_mode()
+        if self.rollout.log_level is None:  # SGLang's log lines follow the console's level (mcore_rl/console.py)
+            self.rollout.log_level = "info" if self.logger.level == "verbose" else "error"
         # One switch: routing replay needs the engine's routes (model.moe_routing_replay's docstring).
         self.rollout.return_routed_experts = self.rollout.return_routed_experts or self.model.moe_routing_replay
         needs_ref = self.actor.kl_loss_coef > 0 or self.multitask.kl_target is not None
@@ -150,6 +153,31 @@ class RLConfig:
         if algo.kl_in_reward and algo.kl_coef > 0 and not self.ref.enabled:
             raise ValueError(f"{where}algorithm.kl_in_reward with kl_coef > 0 needs the reference: set "
                              "ref.enabled=true or algorithm.kl_coef=0")
+
+    def _check_rollout_mode(self) -> None:
+        """What the asynchronous rollout modes (trainer.rollout_mode) cannot serve."""
+        t = self.trainer
+        if t.rollout_mode == "sync":
+            return
+        specs = self.task_specs()
+        if not any(s.is_rl for s in specs):
+            raise ValueError(f"trainer.rollout_mode={t.rollout_mode} overlaps rollouts with training, but no task "
+                             "generates rollouts (every task is dpo): use trainer.rollout_mode=sync")
+        if self.multi_task and self.multitask.combine != "weighted_sum":
+            raise ValueError(f"trainer.rollout_mode={t.rollout_mode} generates the batches of the coming steps ahead, "
+                             f"so it needs to know which tasks they train; multitask.combine="
+                             f"{self.multitask.combine} picks them step by step: set multitask.combine=weighted_sum "
+                             "or trainer.rollout_mode=sync")
+        if t.rollout_mode == "async" and t.partial_rollouts == "continue":
+            agents = [s.name for s in specs if s.is_rl and s.agent is not None]
+            if agents:
+                raise ValueError(f"trainer.partial_rollouts=continue cannot resume multi-turn trajectories in the "
+                                 f"middle of a turn (task {agents[0]} has an agent): set trainer.partial_rollouts="
+                                 "finish")
+            if self.model.moe_routing_replay:
+                raise ValueError("trainer.partial_rollouts=continue with model.moe_routing_replay: a continued "
+                                 "sample's routes would mix two weight versions; set trainer.partial_rollouts="
+                                 "finish or model.moe_routing_replay=false")
 
     def _check_weight_sync_layout(self) -> None:
         """A layout forced by name that this rollout / parallel config rules out fails now, not at the first sync

@@ -58,7 +58,7 @@ def resolve_files(paths: list[str]) -> list[Path]:
                 raise ValueError(f"{raw}: unsupported file type {path.suffix!r}; use one of {SUFFIXES}")
             files.append(path)
         else:
-            raise ValueError(f"data file or folder {raw} does not exist")
+            raise ValueError(f"data file or folder {raw} does not exist; check the data's train_files / val_files")
     return files
 
 
@@ -141,7 +141,7 @@ class RowErrors:
     def add(self, location: RowLocation, problem: str) -> None:
         error = BadRowError(location, problem)
         if self.on_bad_row == "error":
-            raise error
+            raise BadRowError(location, f"{problem}; fix the row, or set on_bad_row=skip to skip bad rows")
         self.num_bad_rows += 1
         if len(self.examples) < self.max_examples:
             self.examples.append(str(error))

@@ -121,7 +121,8 @@ def load_prompt_dataset(cfg: DataConfig, tokenizer: Any, split: str = "train",
     if not items:
         raise ValueError(
             f"no usable prompts in {files}: {stats.num_rows} rows, {stats.num_bad_rows} malformed, "
-            f"{stats.num_too_long} longer than max_prompt_length={cfg.max_prompt_length}"
+            f"{stats.num_too_long} longer than max_prompt_length={cfg.max_prompt_length}; point the data's "
+            "train_files at a file with prompts, or raise max_prompt_length"
         )
     return PromptDataset(items, stats)
 

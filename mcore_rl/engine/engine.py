@@ -67,7 +67,11 @@ class StepResult:
     lr: float
     """Learning rate the step used."""
     update_successful: bool
-    """False only when fp16 loss scaling found inf / nan gradients (the step is skipped)."""
+    """False when the update was skipped: fp16 loss scaling found inf / nan gradients, or (nonfinite) the
+    gradient norm was inf or nan."""
+    nonfinite: bool = False
+    """The gradient norm was inf or nan (a diverged loss, not fp16 overflow): the update was not applied, so the
+    weights and the optimizer state are those before it. The trainer decides what follows (trainer.on_nonfinite)."""
 
 
 class TrainEngine:
@@ -170,13 +174,27 @@ class TrainEngine:
         self.optimizer.zero_grad()
 
     def optimizer_step(self) -> tuple[bool, float, float]:
-        """Clip, step, advance the LR schedule. Returns (update_successful, grad_norm, lr used)."""
+        """Clip, step, advance the LR schedule. Returns (update_successful, grad_norm, lr used). A gradient whose
+        norm is inf or nan is never applied (update_successful False, the norm returned): one such step would
+        turn every weight into nan. The norm is the one host sync of the step (Megatron's clipping needs it too),
+        and it is global (reduced over every shard), so every rank skips alike."""
+        success, grad_norm, lr, _ = self._optimizer_step()
+        return success, grad_norm, lr
+
+    def _optimizer_step(self) -> tuple[bool, float, float, bool]:
+        """optimizer_step's (update_successful, grad_norm, lr) and whether the norm was non-finite."""
         lr = self.lr
         with foreach_fallbacks(self.fast_optimizer):
-            success, grad_norm, _ = self.optimizer.step()
+            if self.optimizer.prepare_grads():  # fp16 loss scaling found inf / nan: its scaler skips the step
+                return False, float("nan"), lr, False
+            grad_norm = float(self.optimizer.get_grad_norm())
+            if not math.isfinite(grad_norm):
+                return False, grad_norm, lr, True
+            self._clip_all(self.optim_cfg.clip_grad, grad_norm)
+            success = bool(self.optimizer.step_with_ready_grads())
         if success:
             self._advance_schedule()
-        return bool(success), float(grad_norm) if grad_norm is not None else float("nan"), lr
+        return success, grad_norm, lr, False
 
     def _advance_schedule(self) -> None:
         self.scheduler.step(increment=1)
@@ -257,6 +275,8 @@ class TrainEngine:
         if overflow:
             return StepResult(sum(r.loss for r in results), {}, float("nan"), lr, False), results
         total = float(self.optimizer.get_grad_norm())
+        if not math.isfinite(total):  # never applied (optimizer_step)
+            return StepResult(sum(r.loss for r in results), {}, total, lr, False, nonfinite=True), results
         self._clip_all(self.optim_cfg.clip_grad, total)
         success = bool(self.optimizer.step_with_ready_grads())
         if success:
@@ -276,9 +296,9 @@ class TrainEngine:
         fb = forward_backward(self.chunks, micro_batches, loss_fn, info=self.model_info, logit_rows=self.logit_rows,
                               router_hooks=self.router_hooks, normalizer=normalizer, temperature=temperature,
                               with_entropy=with_entropy, defer_scalars=True)
-        success, grad_norm, lr = self.optimizer_step()
+        success, grad_norm, lr, nonfinite = self._optimizer_step()
         fb.resolve()
-        return StepResult(fb.loss, fb.metrics, grad_norm, lr, success)
+        return StepResult(fb.loss, fb.metrics, grad_norm, lr, success, nonfinite)
 
     def reload_master_weights(self) -> None:
         """Copy the model weights into the optimizer's fp32 master weights. Call after writing weights into
@@ -303,7 +323,27 @@ class TrainEngine:
     def save_checkpoint(self, path, extra: dict | None = None):
         """Collective. Model + optimizer + scheduler (+ `extra`, e.g. the trainer's step) to `path`, atomically."""
         extra = dict(extra or {}, engine_num_steps=self.num_steps)
+        self._init_optimizer_state()
         return ckpt.save(path, self.model_chunks, self.optimizer, self.scheduler, extra)
+
+    def _init_optimizer_state(self) -> None:
+        """Adam's state (zero moments at step 0) where no update has created it yet: a checkpoint saved before
+        any update was applied (each one skipped as non-finite) needs it, since Megatron's optimizer state dict
+        reads every parameter's step."""
+        if self.optimizer is None:
+            return
+        for opt in inner_optimizers(self.optimizer):
+            inner = opt.optimizer
+            params = [p for g in inner.param_groups for p in g["params"]]
+            if not params or all(len(inner.state[p]) for p in params):
+                continue
+            opt.init_state_fn(inner, opt.config)
+            for g in inner.param_groups:
+                on_device = g.get("fused") or g.get("capturable")  # torch keeps `step` with the parameter then
+                for p in g["params"]:
+                    if "step" not in inner.state[p]:
+                        inner.state[p]["step"] = torch.zeros((), dtype=torch.float32,
+                                                             device=p.device if on_device else "cpu")
 
     def load_checkpoint(self, path, load_optimizer: bool = True) -> dict:
         """Collective. Load into this engine (build it fresh first); returns the `extra` dict saved with it."""

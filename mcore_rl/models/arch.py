@@ -55,8 +55,15 @@ def load_hf_config(hf_dir: str | os.PathLike) -> dict:
     cfg_file = path / "config.json" if path.is_dir() else path
     if not cfg_file.is_file():
         raise FileNotFoundError(f"no config.json in {str(path)!r}: model.path must be an HF checkpoint folder")
-    with open(cfg_file) as f:
-        return json.load(f)
+    try:
+        with open(cfg_file, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        what = "" if path.is_dir() else "; model.path must be an HF checkpoint folder, not a file"
+        raise ValueError(f"{str(cfg_file)!r} is not a JSON config ({type(e).__name__}: {e}){what}") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{str(cfg_file)!r} holds a {type(cfg).__name__}, not a JSON object: it is not an HF config")
+    return cfg
 
 
 def resolve_arch(hf_config: dict) -> ArchSpec:

@@ -79,7 +79,10 @@ def initialize(parallel: ParallelConfig, hf_config: dict | None = None) -> Layou
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29500")
+        if "MASTER_PORT" not in os.environ:  # a plain `python` run: a free port, not one another run may hold
+            from mcore_rl.net import free_port
+
+            os.environ["MASTER_PORT"] = str(free_port()) if world == 1 else "29500"
         dist.init_process_group(
             backend=backend, rank=rank, world_size=world,
             timeout=datetime.timedelta(minutes=parallel.distributed_timeout_minutes),

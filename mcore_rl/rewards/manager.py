@@ -145,7 +145,7 @@ class RewardManager:
                     num_timeouts += len(chunk)
                 else:
                     num_errors += len(chunk)
-                self._log_failure(chunk_index, len(chunk), problem)
+                self._log_failure(chunk_index, chunk, problem)
                 rewards = [self.cfg.fallback_reward] * len(chunk)
             for sample, reward in zip(chunk, rewards, strict=True):
                 sample.reward = reward
@@ -155,7 +155,7 @@ class RewardManager:
         if num_errors or num_timeouts:
             logger.warning(
                 "reward %r: %d of %d samples failed (%d errors, %d timeouts) and got the fallback reward %s",
-                self.cfg.name, num_errors + num_timeouts, len(samples), num_errors, num_timeouts,
+                self._name, num_errors + num_timeouts, len(samples), num_errors, num_timeouts,
                 self.cfg.fallback_reward,
             )  # fmt: skip
         rewards_all = [s.reward for s in samples]
@@ -167,6 +167,11 @@ class RewardManager:
             "reward/num_timeouts": float(num_timeouts),
         }
 
+    @property
+    def _name(self) -> str:
+        """The reward as the user named it: a user function by its path."""
+        return self.cfg.function_path if self.cfg.name == "function" else self.cfg.name
+
     def _finish(self, raw: float) -> float:
         reward = self.cfg.scale * raw
         if self.cfg.clip_min is not None:
@@ -175,16 +180,16 @@ class RewardManager:
             reward = min(self.cfg.clip_max, reward)
         return reward
 
-    def _log_failure(self, chunk_index: int, chunk_len: int, problem: str) -> None:
+    def _log_failure(self, chunk_index: int, chunk: list[Sample], problem: str) -> None:
         if self._num_logged >= self.cfg.max_logged_errors:
             return
         self._num_logged += 1
         first = chunk_index * self.reward_fn.chunk_size
         logger.warning(
-            "reward %r failed on samples %d..%d, which get the fallback reward %s (failure %d of at most %d "
-            "logged):\n%s",
-            self.cfg.name, first, first + chunk_len - 1, self.cfg.fallback_reward, self._num_logged,
-            self.cfg.max_logged_errors, problem,
+            "reward %r failed on samples %d..%d (the first's prompt: %r), which get the fallback reward %s "
+            "(failure %d of at most %d logged; see reward.fallback_reward):\n%s",
+            self._name, first, first + len(chunk) - 1, chunk[0].prompt_text[:120], self.cfg.fallback_reward,
+            self._num_logged, self.cfg.max_logged_errors, problem,
         )  # fmt: skip
 
     def close(self) -> None:

@@ -80,7 +80,8 @@ class Backend:
         """Run generate requests (GenerateReqInput fields), at most `max_concurrent` at once; call
         on_done(index, outputs) as each finishes. Each request must finish within `timeout_s` of its start.
         `requests` is a list, or a RequestFeed whose requests may arrive while this runs (it returns once the
-        feed is closed and every request it gave has finished)."""
+        feed is closed and every request it gave has finished; after feed.abort(), once the requests in flight
+        have returned what they had, with no on_done for the requests never sent)."""
         raise NotImplementedError
 
     def begin_weight_update(self) -> bool:
@@ -106,6 +107,7 @@ class RequestFeed:
         self._new: list[tuple[int, dict]] = []
         self._count = 0
         self._closed = False
+        self._aborted = False
         self._wake: Callable[[], None] | None = None
         for request in requests:
             self.put(request)
@@ -136,6 +138,19 @@ class RequestFeed:
         if wake is not None:
             wake()
 
+    def abort(self) -> None:
+        """Stop early: the generate call aborts the requests in flight (SGLang returns what each has generated
+        so far, finish_reason abort), sends none of those not yet sent (no on_done for them), and returns."""
+        with self._lock:
+            self._closed = self._aborted = True
+            wake = self._wake
+        if wake is not None:
+            wake()
+
+    @property
+    def aborted(self) -> bool:
+        return self._aborted
+
     def take(self) -> tuple[list[tuple[int, dict]], bool]:
         """(index, request) of every request put since the last take, and whether the feed is closed."""
         with self._lock:
@@ -146,6 +161,35 @@ class RequestFeed:
         """The generate call's way to be woken by put() and close() (None when it returns)."""
         with self._lock:
             self._wake = wake
+
+
+class Interrupt:
+    """A handle that stops generate calls early from another thread (RolloutEngine.generate(interrupt=...)):
+    fire() aborts the RequestFeed of every call attached now or later. Asynchronous rollouts fire it at a weight
+    sync and continue the unfinished samples with the new weights (mcore_rl.rollout.partial)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._feeds: list[RequestFeed] = []
+        self._fired = False
+
+    @property
+    def fired(self) -> bool:
+        return self._fired
+
+    def fire(self) -> None:
+        with self._lock:
+            self._fired = True
+            feeds = list(self._feeds)
+        for feed in feeds:
+            feed.abort()
+
+    def attach(self, feed: RequestFeed) -> None:
+        with self._lock:
+            self._feeds.append(feed)
+            fired = self._fired
+        if fired:
+            feed.abort()
 
 
 def run_in_thread(fn: Callable[..., Any], *args, lock: threading.Lock | None = None, **kwargs) -> cf.Future:
@@ -168,14 +212,20 @@ def run_in_thread(fn: Callable[..., Any], *args, lock: threading.Lock | None = N
 
 def check_result(result: Any, doing: str) -> str:
     """SGLang returns (success, message[, ...]) tuples or objects with .success/.message; raise on failure."""
+    success, message = outcome(result)
+    if not success:
+        raise RolloutEngineError(f"SGLang refused to {doing}: {message}")
+    return message
+
+
+def outcome(result: Any) -> tuple[bool, str]:
+    """(success, message) of an SGLang call's result (see check_result)."""
     if result is None:
-        return ""
+        return True, ""
     if isinstance(result, dict):
         success, message = result.get("success", True), result.get("message", "")
     elif isinstance(result, (tuple, list)):
         success, message = bool(result[0]), str(result[1]) if len(result) > 1 else ""
     else:
         success, message = getattr(result, "success", True), getattr(result, "message", "")
-    if not success:
-        raise RolloutEngineError(f"SGLang refused to {doing}: {message}")
-    return message
+    return bool(success), message

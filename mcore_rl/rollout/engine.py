@@ -15,13 +15,15 @@ import dataclasses
 import logging
 import os
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Sequence
 
 from mcore_rl.config.rollout import RolloutConfig
-from mcore_rl.rollout.backend import Backend, RequestFeed, check_result, run_in_thread
+from mcore_rl.rollout.backend import Backend, Interrupt, RequestFeed, check_result, outcome, run_in_thread
 from mcore_rl.rollout.errors import RolloutEngineError
+from mcore_rl.rollout.seeds import group_seeds
 from mcore_rl.types import RolloutBatch, Sample
 from mcore_rl.weight_sync.loaders import LOADERS
 from mcore_rl.weight_sync.plan import EngineFacts
@@ -138,11 +140,18 @@ class RolloutEngine:
     def generate(self, prompts: Sequence[Sequence[int]], n: int = 1, sampling: SamplingParams | None = None, *,
                  first_group_id: int = 0, metas: Sequence[dict] | None = None,
                  prompt_texts: Sequence[str] | None = None, timeout_s: float | None = None,
-                 show_progress: bool | None = None) -> RolloutBatch:
+                 show_progress: bool | None = None, seed_stream: str = "",
+                 sampling_seeds: Sequence[int] | None = None, interrupt: Interrupt | None = None) -> RolloutBatch:
         """`n` samples of each prompt (token ids), in prompt order; samples of prompt i get group_id
         first_group_id + i, meta = a copy of metas[i], prompt_text = prompt_texts[i]. Sent in requests of
         rollout.request_batch_size samples; each request must finish within timeout_s (default
-        rollout.request_timeout_s)."""
+        rollout.request_timeout_s). interrupt: fired from another thread, it stops the call early: samples then
+        come back with what they had generated (finish_reason "abort", possibly no tokens), for the caller to
+        continue (mcore_rl.rollout.partial).
+
+        Sample j of prompt i is drawn with SGLang sampling_seed seeds.sample_seed(rollout.random_seed,
+        first_group_id + i, j, stream=seed_stream) (honoured where the engine runs deterministic inference,
+        rollout.deterministic); sampling_seeds (one per sample, prompt-major) replaces them (agent turns)."""
         from tqdm.auto import tqdm
 
         sampling = sampling or self.default_sampling()
@@ -151,9 +160,16 @@ class RolloutEngine:
         owners = [i for i in range(len(prompts)) for _ in range(n)]
         size = self.cfg.request_batch_size
         chunks = [owners[s:s + size] for s in range(0, len(owners), size)]
+        if sampling_seeds is None:
+            sampling_seeds = group_seeds(self.cfg.random_seed, first_group_id, len(prompts), n, seed_stream)
+        elif len(sampling_seeds) != len(owners):
+            raise ValueError(f"sampling_seeds has {len(sampling_seeds)} seeds for {len(owners)} samples")
         params = sampling.to_sglang()
-        requests = [{"input_ids": [[int(t) for t in prompts[i]] for i in chunk], "sampling_params": params,
-                     "return_logprob": True, "rid": [uuid.uuid4().hex for _ in chunk]} for chunk in chunks]
+        seeds = [[int(x) for x in sampling_seeds[s:s + size]] for s in range(0, len(owners), size)]
+        requests = [{"input_ids": [[int(t) for t in prompts[i]] for i in chunk],
+                     "sampling_params": [dict(params, sampling_seed=seed) for seed in chunk_seeds],
+                     "return_logprob": True, "rid": [uuid.uuid4().hex for _ in chunk]}
+                    for chunk, chunk_seeds in zip(chunks, seeds)]
         if self._route_shape is not None:  # every token's routes, from the first (routed_experts_start_len 0)
             for request in requests:
                 request["return_routed_experts"] = True
@@ -165,12 +181,18 @@ class RolloutEngine:
                 outputs[i] = outs
                 bar.update(len(outs))
 
+            feed = RequestFeed(requests, closed=True)
+            if interrupt is not None:
+                interrupt.attach(feed)
             self._requests_may_run = True  # until this call returns normally
-            self.backend.generate(requests, timeout_s or self.cfg.request_timeout_s,
+            self.backend.generate(feed, timeout_s or self.cfg.request_timeout_s,
                                   self.cfg.max_concurrent_requests, on_done)
             self._requests_may_run = False
         samples = []
         for chunk, outs in zip(chunks, outputs):
+            if outs is None and feed.aborted:  # never sent: nothing generated yet
+                outs = [{"output_ids": [], "meta_info": {"output_token_logprobs": [], "finish_reason": None}}
+                        for _ in chunk]
             if outs is None or len(outs) != len(chunk):
                 raise RolloutEngineError(f"SGLang returned {0 if outs is None else len(outs)} outputs for a request "
                                          f"of {len(chunk)} samples")
@@ -209,6 +231,22 @@ class RolloutEngine:
     def flush_cache(self) -> None:
         """Drop SGLang's prefix (radix) cache, whose KV entries were computed with older weights."""
         self.weights.flush_cache()
+
+    def wait_idle(self, timeout_s: float | None = None) -> None:
+        """Return once SGLang runs no request, flushing its prefix cache on the way (that is how it is asked).
+        Requests stopped by an Interrupt come back to the caller before the scheduler has dropped them, and a
+        weight update while it still holds one fails its cache flush, which ends the scheduler: a sync after an
+        interrupt waits here first (trainer/async_rollout.py)."""
+        timeout_s = timeout_s or self.cfg.request_timeout_s
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ok, message = outcome(self.backend.call("flush the cache", timeout_s, self.backend.flush_cache))
+            if ok:
+                return
+            if time.monotonic() > deadline:
+                raise RolloutEngineError(f"SGLang still runs requests {timeout_s:g} s after they were aborted "
+                                         f"({message}); rollout.request_timeout_s bounds this wait")
+            time.sleep(0.05)
 
     def release_memory(self, tags: Sequence[str] = MEMORY_TAGS) -> None:
         """Colocated: give the engine's GPU memory (weights, KV cache) to training. CPU: accepted, frees nothing."""
@@ -249,9 +287,11 @@ class GenerationStream:
         self._future = run_in_thread(engine.backend.generate, self._feed, timeout_s,
                                      engine.cfg.max_concurrent_requests, self._done)
 
-    def submit(self, key: Hashable, prompt_ids: Sequence[int]) -> None:
+    def submit(self, key: Hashable, prompt_ids: Sequence[int], *, sampling_seed: int | None = None) -> None:
+        """sampling_seed: SGLang's seed for this sample (mcore_rl.rollout.seeds); None = SGLang's global RNG."""
         prompt = [int(t) for t in prompt_ids]
-        request = {"input_ids": [prompt], "sampling_params": self._params, "return_logprob": True,
+        params = self._params if sampling_seed is None else dict(self._params, sampling_seed=int(sampling_seed))
+        request = {"input_ids": [prompt], "sampling_params": params, "return_logprob": True,
                    "rid": [uuid.uuid4().hex]}
         with self._lock:  # _done looks the index up under the same lock: it cannot run before this is recorded
             self._sent[self._feed.put(request)] = (key, prompt)

@@ -29,8 +29,10 @@ from mcore_rl.rollout.errors import RolloutEngineError
 logger = logging.getLogger(__name__)
 
 _SIGQUIT_SEEN = threading.Event()
-_TRAINER_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
-"""Signals the trainer may take as stop requests (trainer.stop_signals); SGLang's processes ignore them."""
+_TRAINER_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+"""Signals the trainer may take as stop requests (trainer.stop_signals), and Ctrl-C (SIGINT, to the whole process
+group from a terminal or torchrun), which the trainer turns into an orderly shutdown of the engine: SGLang's
+processes ignore them (without this, each prints a KeyboardInterrupt traceback and dies under the trainer)."""
 
 
 def _on_sigquit(signum=None, frame=None) -> None:
@@ -204,6 +206,8 @@ class InProcessBackend(Backend):
 
         async def one(i: int, req: dict, sem: asyncio.Semaphore, started: dict[int, float]):
             async with sem:
+                if feed.aborted:  # never sent
+                    return
                 started[i] = time.monotonic()
                 out = await engine.async_generate(**req)
                 on_done(i, out if isinstance(out, list) else [out])
@@ -216,10 +220,16 @@ class InProcessBackend(Backend):
             tasks: dict[asyncio.Future, int] = {}
             sent: dict[int, dict] = {}
             pending: set[asyncio.Future] = set()
+            aborted: set[int] = set()
             try:
                 while True:
                     woken.clear()  # before take(): a put() after it wakes the wait below
                     new, closed = feed.take()
+                    if feed.aborted:  # SGLang answers an aborted request with what it has generated so far
+                        for i in [i for i in started if i not in aborted]:
+                            aborted.add(i)
+                            for rid in sent[i]["rid"]:
+                                engine.tokenizer_manager.abort_request(rid=rid)
                     for i, r in new:
                         sent[i] = r
                         task = asyncio.ensure_future(one(i, r, sem, started))

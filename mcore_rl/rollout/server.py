@@ -174,8 +174,10 @@ class ServerBackend(Backend):
         sent: dict[int, dict] = {}
         slots = threading.Semaphore(max_concurrent)
 
-        def one(i: int) -> tuple[int, list[dict]]:
+        def one(i: int) -> tuple[int, list[dict] | None]:
             with slots:
+                if feed.aborted:  # never sent
+                    return i, None
                 started[i] = time.monotonic()
                 out = self.post("/generate", sent[i], timeout_s=timeout_s + 5 * POLL_S)
             if isinstance(out, dict) and "error" in out:
@@ -191,11 +193,17 @@ class ServerBackend(Backend):
         feed.set_waker(waker)
         futures: dict[cf.Future, int] = {}
         pending: set[cf.Future] = set()
+        aborted: set[int] = set()
         try:
             while True:
                 if wake[0].done():
                     wake[0] = cf.Future()  # before take(): a put() after it resolves the new one
                 new, closed = feed.take()
+                if feed.aborted:  # SGLang answers an aborted request with what it has generated so far
+                    for i in [i for i in started if i not in aborted]:
+                        aborted.add(i)
+                        for rid in sent[i]["rid"]:
+                            self.post("/abort_request", {"rid": rid}, timeout_s=_CONNECT_TIMEOUT_S)
                 for i, r in new:
                     sent[i] = r
                     f = run_in_thread(one, i)
@@ -206,7 +214,9 @@ class ServerBackend(Backend):
                 done, _ = cf.wait(pending | {wake[0]}, timeout=POLL_S, return_when=cf.FIRST_COMPLETED)
                 for f in done - {wake[0]}:
                     pending.discard(f)
-                    on_done(*f.result())
+                    i, outs = f.result()
+                    if outs is not None:
+                        on_done(i, outs)
                 if self.dead_reason() is not None:
                     raise RolloutEngineError(f"SGLang server died during generate: {self._broken}{self.log_tail()}")
                 now = time.monotonic()

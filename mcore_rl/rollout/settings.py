@@ -27,6 +27,11 @@ def resolve_device(cfg: RolloutConfig) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def deterministic(cfg: RolloutConfig, device: str) -> bool:
+    """rollout.deterministic resolved for `device`: None is on for CPU, off for GPU."""
+    return device == "cpu" if cfg.deterministic is None else cfg.deterministic
+
+
 def server_args(cfg: RolloutConfig, model_path: str, custom_weight_loaders: Sequence[str] = ()) -> dict[str, Any]:
     """ServerArgs fields for `cfg` (None-valued fields are left to SGLang). custom_weight_loaders: dotted names of
     loaders SGLang registers besides any in cfg.extra_args (RolloutEngine passes mcore_rl.weight_sync.loaders')."""
@@ -43,7 +48,8 @@ def server_args(cfg: RolloutConfig, model_path: str, custom_weight_loaders: Sequ
         "context_length": cfg.context_length,
         "enable_memory_saver": cfg.enable_memory_saver,
         "random_seed": cfg.random_seed,
-        "log_level": cfg.log_level,
+        "enable_deterministic_inference": deterministic(cfg, device),
+        "log_level": cfg.log_level or "warning",
     }
     for name, cpu_value in CPU_DEFAULTS.items():
         value = getattr(cfg, name)

@@ -142,6 +142,9 @@ def stand_in_module() -> types.ModuleType:
             setattr(mod, name, _not_implemented(name))
         _MODULE = mod
         _unpin_host_caches()
+        from mcore_rl.rollout import cpu_seeded_sampling
+
+        cpu_seeded_sampling.install()  # SGLang's seeded (deterministic) sampling on CPU: see that module
     return _MODULE
 
 

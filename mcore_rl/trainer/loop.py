@@ -8,6 +8,9 @@
         the KL monitor may lower the actor's learning rate; the weights go to the rollout engine
         metrics; checkpoint; on a stop signal (SIGTERM), a checkpoint and exit status 80
 
+With trainer.rollout_mode = one_step_off_policy | async the rl tasks' rollouts are made ahead on a thread of
+rank 0 (async_rollout.py) while the step trains; the sync pauses it, and a save holds it (docs/async.md).
+
 A run without a `tasks` list is a run with one task (config/root.py RLConfig.task_specs). Global rank 0 owns the
 rollout engine and the reward functions; the samples are broadcast to every rank, each data-parallel rank
 trains on its share, and the weights come back to the engine through the weight-sync package.
@@ -23,12 +26,13 @@ import torch
 
 from mcore_rl import algorithms as alg
 from mcore_rl.config.root import RLConfig
+from mcore_rl.parallel import watchdog
 from mcore_rl.parallel.runtime import any_rank
 from mcore_rl.procs import StopRequested, StopSignals
 from mcore_rl.rollout.errors import RolloutEngineError
 from mcore_rl.trainer.run import Run
 from mcore_rl.trainer.step_data import Skip
-from mcore_rl.trainer.update import train_step
+from mcore_rl.trainer.update import NonFiniteUpdate, train_step
 
 log = logging.getLogger("mcore_rl")
 
@@ -44,19 +48,26 @@ def train(cfg: RLConfig) -> None:
         log.info("the rollout engine failed to start: %s", e)
         stop.exit(1)
     step = run.start_step
+    watchdog.start(cfg.parallel.watchdog_s, torch.distributed.get_rank(), lambda: run.last_checkpoint)
     try:
         scheduler, kl_monitor = build_scheduler(cfg, run)
 
         def save(step: int) -> None:
-            run.save(step, {"tasks": {t.name: t.state_dict() for t in run.tasks}, "scheduler": scheduler.state_dict(),
-                            "kl_monitor": kl_monitor.state_dict() if kl_monitor is not None else None})
+            watchdog.set_phase("checkpoint", step)
+            with run.quiet_rollouts():  # asynchronous rollouts: the queue and the samplers hold still
+                run.save(step, {"tasks": {t.name: t.state_dict() for t in run.tasks},
+                                "scheduler": scheduler.state_dict(),
+                                "kl_monitor": kl_monitor.state_dict() if kl_monitor is not None else None})
 
         for step in range(run.start_step + 1, cfg.trainer.total_steps + 1):
             t_step = time.perf_counter()
+            watchdog.set_phase("rollout", step)
             batches, m = collect_batches(run, scheduler, step)
             if batches:
+                watchdog.set_phase("update")
                 m.update(train_step(run, scheduler, batches))
                 m.update(watch_kl(run, kl_monitor, m))
+                watchdog.set_phase("weight sync")
                 m.update(run.sync_weights(step))
             m.update(memory_metrics())
             m["timing/step_s"] = time.perf_counter() - t_step
@@ -64,6 +75,7 @@ def train(cfg: RLConfig) -> None:
             due = (cfg.trainer.save_every and step % cfg.trainer.save_every == 0) or step == cfg.trainer.total_steps
             if due:
                 save(step)
+            watchdog.set_phase("step end")
             if any_rank(stop.received is not None):  # a step's end is the safe point; every rank agrees on it
                 if not due:
                     save(step)
@@ -71,16 +83,22 @@ def train(cfg: RLConfig) -> None:
                          stop.received or "a signal on another rank", step, run.last_checkpoint)
                 stop.exit()
         if cfg.trainer.export_hf:
+            watchdog.set_phase("export")
             run.export_hf()
     except RolloutEngineError as e:  # every rank has it (rl_step.generate): one line, from rank 0
         log.info("the rollout engine failed in step %d: %s. Last checkpoint: %s; continue with "
                  "trainer.resume=auto", step, e, run.last_checkpoint or "none this run")
         stop.exit(1)
-    except KeyboardInterrupt:
-        log.info("interrupted in step %d. Last checkpoint: %s; continue with trainer.resume=auto", step,
+    except NonFiniteUpdate as e:  # every rank has it (the gradient norm is global): one line, from rank 0
+        log.info("step %d: %s. Last checkpoint: %s (trainer.resume=auto continues from it)", step, e,
                  run.last_checkpoint or "none this run")
+        stop.exit(1)
+    except KeyboardInterrupt:
+        log.info("interrupted in step %d (%s). Last checkpoint: %s; continue with trainer.resume=auto", step,
+                 watchdog.current_phase(), run.last_checkpoint or "none this run")
         raise SystemExit(130) from None
     finally:
+        watchdog.set_phase("shutdown")
         run.close()
 
 

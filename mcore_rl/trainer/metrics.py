@@ -5,6 +5,7 @@ Only global rank 0 writes. Values are plain floats (reduced across ranks by the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -55,15 +56,18 @@ class MetricsLogger:
     def _truncate_after(self, step: int) -> None:
         """A resumed run rewrites the steps after its checkpoint: drop them so metrics.jsonl has each step once."""
         kept = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= step]
+                if line.strip() and _step_of(line) <= step]
         self.path.write_text("".join(line + "\n" for line in kept))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
             return
         row = {"step": step, **{k: _clean(v) for k, v in sorted(metrics.items())}}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        try:
+            append_whole(self.path, (json.dumps(row) + "\n").encode())
+        except OSError as e:
+            raise OSError(e.errno, f"could not append step {step} to {self.path}: {e.strerror}; free space in (or "
+                          "choose another) trainer.output_dir") from e
         if self.tb is not None:
             for k, v in row.items():
                 if k != "step" and v is not None:
@@ -85,6 +89,32 @@ class MetricsLogger:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+def append_whole(path: Path, data: bytes) -> None:
+    """Append `data` to `path`, all or nothing: a write that fails part-way (a full disk) is cut off again, so the
+    file never ends in half a row."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        start = os.fstat(fd).st_size
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError:
+            with contextlib.suppress(OSError):  # not a regular file (/dev/full): nothing to cut
+                os.ftruncate(fd, start)
+            raise
+    finally:
+        os.close(fd)
+
+
+def _step_of(line: str) -> float:
+    """A row's step; a row cut short by an earlier crash counts as after every step (dropped on resume)."""
+    try:
+        return json.loads(line).get("step", 0)
+    except json.JSONDecodeError:
+        return math.inf
 
 
 def _clean(v):

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from mcore_rl import algorithms as alg
 from mcore_rl.agent.rollout import agent_metrics
 from mcore_rl.config.rl import ActorConfig, AlgorithmConfig
+from mcore_rl.parallel import watchdog
 from mcore_rl.parallel.runtime import from_rank0
 from mcore_rl.rollout.errors import RolloutEngineError
 from mcore_rl.trainer.batch import response_mask, rollout_logprobs, sample_sequences, shard, split_even
@@ -63,44 +64,60 @@ def old_logprob_source(mode: str, *, ppo_epochs: int, num_mini_batches: int, kl_
 
 
 def generate(ctx: StepContext, engine, rewards, prompts, n: int, first_group_id: int,
-             agent=None) -> tuple[Rollout, dict]:
-    """Rank 0 generates n samples per prompt and scores them; every rank gets the samples.
+             agent=None, seed_stream: str = "") -> tuple[Rollout, dict]:
+    """Rank 0 generates n samples per prompt and scores them (produce); every rank gets the samples (receive).
 
     agent: an AgentRollout (mcore_rl.agent.rollout; rank 0) for multi-turn tool-using trajectories, whose
     response is the whole trajectory after the prompt (tool tokens masked by Sample.response_mask); None =
-    single-turn samples."""
-    m: dict[str, float] = {}
+    single-turn samples. seed_stream: the task, in a multi-task run: tasks number their groups alike, and this
+    keeps their samples' seeds apart (mcore_rl.rollout.seeds)."""
+    produced = (produce(ctx, engine, rewards, prompts, n, first_group_id, agent, seed_stream) if engine is not None
+                else (None, None))
+    return receive(*produced)
+
+
+def produce(ctx: StepContext, engine, rewards, prompts, n: int, first_group_id: int, agent=None,
+            seed_stream: str = "", generate_fn=None) -> tuple[list | BaseException, BaseException | None]:
+    """Rank 0's part of generate, without collectives (asynchronous rollouts run it on a thread of their own):
+    generate (engine.generate, agent.generate, or `generate_fn()` returning a RolloutBatch), decode, score.
+    Returns (payload, error): payload = [samples, policy version, metrics] for receive(), or the exception every
+    rank should raise; error = the original exception (rank 0 re-raises it, with its traceback), else None."""
     t0 = time.perf_counter()
-    payload = error = None
-    if engine is not None:
-        try:
-            if agent is None:
-                batch = engine.generate([p.prompt_ids for p in prompts], n=n, first_group_id=first_group_id,
-                                        metas=[p.meta for p in prompts], prompt_texts=[p.prompt_text for p in prompts])
-            else:
-                batch = agent.generate(engine, prompts, n, first_group_id=first_group_id)
-            for s in batch.samples:
-                s.response_text = ctx.tokenizer.decode(s.response_ids, skip_special_tokens=True)
-            scored = rewards.score(batch.samples)
-            if agent is not None:
-                add_turn_rewards(batch.samples)
-            payload = [batch.samples, batch.policy_version, scored]
-        except Exception as e:  # every rank raises it, instead of waiting for samples that never come
-            error = e
-            payload = e if isinstance(e, RolloutEngineError) else RuntimeError(
-                f"global rank 0 failed to generate: {type(e).__name__}: {e}")
+    try:
+        if generate_fn is not None:
+            batch = generate_fn()
+        elif agent is None:
+            batch = engine.generate([p.prompt_ids for p in prompts], n=n, first_group_id=first_group_id,
+                                    metas=[p.meta for p in prompts], prompt_texts=[p.prompt_text for p in prompts],
+                                    seed_stream=seed_stream)
+        else:
+            batch = agent.generate(engine, prompts, n, first_group_id=first_group_id, seed_stream=seed_stream)
+        for s in batch.samples:
+            s.response_text = ctx.tokenizer.decode(s.response_ids, skip_special_tokens=True)
+        metrics = dict(rewards.score(batch.samples))
+        if agent is not None:
+            add_turn_rewards(batch.samples)
+        metrics["timing/rollout_s"] = time.perf_counter() - t0
+        return [batch.samples, batch.policy_version, metrics], None
+    except Exception as e:  # every rank raises it, instead of waiting for samples that never come
+        return (e if isinstance(e, RolloutEngineError) else RuntimeError(
+            f"global rank 0 failed to generate: {type(e).__name__}: {e}")), e
+
+
+def receive(payload, error: BaseException | None = None) -> tuple[Rollout, dict]:
+    """Every rank: the samples rank 0 produced (payload; None elsewhere), and the rollout metrics. Collective."""
     try:
         samples, version, rollout_metrics = from_rank0(payload)
     except BaseException:
         if error is not None:
             raise error  # rank 0: the original, with its traceback
         raise
-    m.update(rollout_metrics)
-    m["timing/rollout_s"] = time.perf_counter() - t0
+    m = dict(rollout_metrics)
     num_gen = sum(s.num_model_tokens for s in samples)  # generated tokens: a tool's reply tokens are not
     m["throughput/rollout_tokens_per_s"] = num_gen / max(m["timing/rollout_s"], 1e-9)
-    m["response_length/mean"] = num_gen / len(samples)
-    m["response_length/clip_frac"] = sum(s.finish_reason == "length" for s in samples) / len(samples)
+    num = max(len(samples), 1)  # none: an asynchronous batch whose samples were all too stale
+    m["response_length/mean"] = num_gen / num
+    m["response_length/clip_frac"] = sum(s.finish_reason == "length" for s in samples) / num
     m["rollout/sample_weight_version"] = float(version)
     m.update(agent_metrics(samples))  # {} for single-turn samples
     return Rollout(samples, version), m
@@ -141,6 +158,7 @@ def prepare(ctx: StepContext, rollout: Rollout, algo: AlgorithmConfig, actor_cfg
         samples, scores, group_ids = [samples[i] for i in idx], scores[idx], group_ids[idx]
 
     # ---- forward passes: old / reference log-probs, values (each DP rank on its share) ---------------------
+    watchdog.set_phase("forward")
     t0 = time.perf_counter()
     mine = shard(len(samples), ctx.dp_rank, ctx.dp_size)
     my_samples = [samples[i] for i in mine]
@@ -220,19 +238,25 @@ def update(engine, seqs: Sequences, num_mini, epochs, max_tokens, make_loss, dp_
            **kw) -> dict[str, float]:
     """`epochs` passes over `seqs` in `num_mini` mini-batches, one optimizer step each; mean metrics."""
     sums: dict[str, float] = {}
-    steps = 0
+    steps = skipped = 0
+    first: dict[str, float] = {}
     engine_seqs = seqs.for_engine()
     for _ in range(epochs):
         for part in split_even(list(range(len(engine_seqs))), num_mini):
             mbs = micro_batches(engine, [engine_seqs[i] for i in part], max_tokens)
             counts = count(mbs, engine.device, dp_group)
             res = engine.train_step(mbs, make_loss(counts), **kw)
+            if res.nonfinite:  # not applied (engine.optimizer_step); update.check_finite applies trainer.on_nonfinite
+                first = first or {f"{prefix}/nonfinite_loss": res.loss, f"{prefix}/nonfinite_grad_norm": res.grad_norm}
+                skipped += 1
+                continue
             for k, v in res.metrics.items():
                 sums[k] = sums.get(k, 0.0) + v
             sums[f"{prefix}/grad_norm"] = sums.get(f"{prefix}/grad_norm", 0.0) + res.grad_norm
             sums[f"{prefix}/lr"] = res.lr
             steps += 1
-    return {k: (v if k.endswith("/lr") else v / steps) for k, v in sums.items()}
+    return {**{k: (v if k.endswith("/lr") else v / steps) for k, v in sums.items()}, **first,
+            f"{prefix}/nonfinite_updates": float(skipped)}
 
 
 # ---- helpers ---------------------------------------------------------------------------------------------------

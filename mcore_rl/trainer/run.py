@@ -49,6 +49,9 @@ class Run:
                 self.lock = OutputLock(cfg.trainer.output_dir, what="training run").acquire()
             except OutputLockedError as e:
                 verdict = e
+            except OSError as e:  # under a file, on a read-only or full file system
+                verdict = OSError(e.errno, f"cannot write to trainer.output_dir {cfg.trainer.output_dir} "
+                                  f"({e.filename}: {e.strerror}); choose a folder this run can create and write")
         from_rank0(verdict)
         specs = cfg.task_specs()
         use_ref = cfg.ref.enabled and (
@@ -71,7 +74,10 @@ class Run:
         self.start_step = 0
         self.last_checkpoint = None
         self.resume_state: dict | None = None
+        self.queue_state: dict | None = None  # rank 0: the checkpoint's batches made ahead (async_rollout)
         resume_from = ckpt.find_resume(cfg.trainer.output_dir, cfg.trainer.resume)
+        for partial in ckpt.remove_partial(cfg.trainer.output_dir) if self.lock is not None else []:
+            log.info("removed %s: a checkpoint whose save did not finish (the run was killed while saving)", partial)
         if resume_from is not None:
             self.resume_state = self._load(resume_from)
             self.start_step = int(self.resume_state["step"])
@@ -100,6 +106,13 @@ class Run:
                 self.expected_syncs = self.sync.sync()
                 if self.rollout is not None:
                     self.rollout.policy_version = self.start_step
+        self.producer = None
+        """Rank 0 of a run with trainer.rollout_mode != sync: the thread that makes the coming batches
+        (trainer/async_rollout.py); the rl tasks take their batches from it."""
+        if self.rollout is not None and cfg.trainer.rollout_mode != "sync":
+            self.producer = start_producer(self, cfg)
+        for task in rl_tasks:
+            task.producer = self.producer
         self.metrics_log = MetricsLogger(cfg.trainer.output_dir, dist.get_rank() == 0, cfg.logger.tensorboard,
                                          wandb_settings(cfg) if cfg.logger.wandb else None,
                                          resume_step=self.start_step)
@@ -117,6 +130,17 @@ class Run:
         """Push the actor's weights to the engine and check that the engine counted the sync."""
         if self.sync is None:
             return {}
+        if self.producer is None:
+            return self._sync_weights(step)
+        t0 = time.perf_counter()
+        self.producer.pause_for_sync()  # the batch in flight finishes, or is interrupted (partial_rollouts)
+        try:
+            wait = time.perf_counter() - t0
+            return {**self._sync_weights(step), "timing/sync_wait_for_rollout_s": wait}
+        finally:
+            self.producer.sync_done()
+
+    def _sync_weights(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
         engine_syncs = self.sync.sync()
         m = {"timing/weight_sync_s": time.perf_counter() - t0}
@@ -139,13 +163,29 @@ class Run:
     def save(self, step: int, state: dict) -> None:
         """Engines, this rank's RNG and state.json (step, `state`, the config), committed atomically."""
         cfg = self.cfg
-        tmp = ckpt.begin(cfg.trainer.output_dir, step)
-        self.actor.save_checkpoint(tmp / "actor")
-        if self.critic is not None:
-            self.critic.save_checkpoint(tmp / "critic")
-        ckpt.write_rank_state(tmp)
-        state = {"step": step, **state, "config": dataclasses.asdict(cfg)}
-        final = ckpt.commit(cfg.trainer.output_dir, step, tmp, state, cfg.trainer.keep_last)
+        tmp = ckpt.step_dir(cfg.trainer.output_dir, step).with_suffix(".tmp")
+        try:
+            tmp = ckpt.begin(cfg.trainer.output_dir, step)
+            self.actor.save_checkpoint(tmp / "actor")
+            if self.critic is not None:
+                self.critic.save_checkpoint(tmp / "critic")
+            ckpt.write_rank_state(tmp)
+            if self.producer is not None:  # rank 0: the batches made ahead (called inside quiet_rollouts)
+                from mcore_rl.trainer.async_rollout import save_queue
+
+                save_queue(tmp, self.producer.state_dict())
+            state = {"step": step, **state, "config": dataclasses.asdict(cfg)}
+            final = ckpt.commit(cfg.trainer.output_dir, step, tmp, state, cfg.trainer.keep_last)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # a full disk or a read-only folder: Megatron's writer re-raises an OSError as a
+            err = ckpt.write_error(e, tmp)  # RuntimeError inside torch's CheckpointException (a BaseException)
+            if err is None:
+                raise
+            raise OSError(err.errno, f"could not write the checkpoint of step {step} into {tmp}: {err.strerror}; "
+                          f"free space in (or choose another) trainer.output_dir. The last complete checkpoint, "
+                          f"{self.last_checkpoint or 'none this run'}, is intact; continue from it with "
+                          "trainer.resume=auto") from e
         self.last_checkpoint = final
         log.info("saved checkpoint %s", final)
 
@@ -157,13 +197,30 @@ class Run:
             raise ValueError(f"the checkpoint {path} has no data position for tasks "
                              f"{[n for n in names if saved is None or n not in saved]} (it has "
                              f"{sorted(saved or [])}): resume with the tasks it was saved with")
+        ckpt.check_engine_files(path / "actor")
+        if self.critic is not None:
+            ckpt.check_engine_files(path / "critic")
         self.actor.load_checkpoint(path / "actor")
         if self.critic is not None:
             self.critic.load_checkpoint(path / "critic")
         ckpt.set_rng_state(ckpt.read_rank_state(path)["rng"])
         for task in self.tasks:
             task.load_state_dict(saved[task.name])
+        if dist.get_rank() == 0:
+            from mcore_rl.trainer.async_rollout import load_queue
+
+            self.queue_state = load_queue(path)
+            if self.queue_state is not None and self.cfg.trainer.rollout_mode == "sync":
+                log.warning("the checkpoint %s holds %d batches generated ahead by an asynchronous run; "
+                            "trainer.rollout_mode=sync does not use them (their prompts are skipped)", path,
+                            len(self.queue_state["ready"]))
         return state
+
+    @contextlib.contextmanager
+    def quiet_rollouts(self):
+        """Asynchronous rollouts: the batch in flight finishes and none starts while the block runs (a save)."""
+        with self.producer.held() if self.producer is not None else contextlib.nullcontext():
+            yield
 
     def export_hf(self) -> None:
         from mcore_rl.trainer.export import export_final
@@ -176,6 +233,8 @@ class Run:
         from mcore_rl.parallel import destroy
 
         self.metrics_log.close()
+        if self.producer is not None:
+            self.producer.close()
         if self.sync is not None:
             self.sync.close()
         if self.rollout is not None:
@@ -217,7 +276,19 @@ def setup(cfg: RLConfig):
     layout = initialize(cfg.parallel, hf)
     if cfg.trainer.deterministic:
         torch.use_deterministic_algorithms(True)
-    return hf, model_path, AutoTokenizer.from_pretrained(model_path), layout
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    check_tokenizer(tokenizer, hf, model_path)
+    return hf, model_path, tokenizer, layout
+
+
+def check_tokenizer(tokenizer, hf: dict, model_path: str) -> None:
+    """Refuse a tokenizer with ids past the model's embedding (config.json's vocab_size): the engine would index
+    past its embedding table mid-rollout. A smaller tokenizer is normal (padded vocabularies)."""
+    vocab = hf.get("vocab_size")
+    if vocab and len(tokenizer) > vocab:
+        raise ValueError(f"the tokenizer in {model_path} has {len(tokenizer)} tokens, but config.json's vocab_size is "
+                         f"{vocab}: token ids {vocab}..{len(tokenizer) - 1} have no embedding. The tokenizer files do "
+                         "not belong to these weights; use the tokenizer the model was trained with")
 
 
 def check_sequence_budget(cfg: RLConfig, hf: dict) -> None:
@@ -249,6 +320,20 @@ def check_sequence_budget(cfg: RLConfig, hf: dict) -> None:
             raise ValueError(f"{where}{parts} = {need} tokens do not fit {limit_name} ({limit}): lower them")
 
 
+def start_producer(run: Run, cfg: RLConfig):
+    """Rank 0 of an asynchronous run: the rollout producer, with the checkpoint's queue when resuming."""
+    from mcore_rl.trainer.async_rollout import RolloutProducer
+
+    t = cfg.trainer
+    log.info("rollouts: %s%s", t.rollout_mode, f" (max_staleness {t.max_staleness}, partial_rollouts "
+             f"{t.partial_rollouts})" if t.rollout_mode == "async" else "")
+    if not cfg.actor.off_policy_correction:
+        log.warning("trainer.rollout_mode=%s trains on samples of older weights without correcting for it; "
+                    "consider +actor.off_policy_correction={name: token_tis, cap: 2.0} (docs/async.md)",
+                    t.rollout_mode)
+    return RolloutProducer(run.rollout, run.tasks, run.ctx, t, run.start_step, queue=run.queue_state)
+
+
 def start_rollout(cfg: RLConfig, model_path: str, stop: StopSignals | None):
     """Global rank 0 starts the SGLang engine (None elsewhere). Collective: its failure (RolloutEngineError) or a
     stop signal during the start-up (StopRequested) is raised on every rank, so no rank waits for an engine that
@@ -257,9 +342,13 @@ def start_rollout(cfg: RLConfig, model_path: str, stop: StopSignals | None):
     if dist.get_rank() == 0:
         from mcore_rl.rollout.engine import RolloutEngine
 
+        t0 = time.perf_counter()  # the long quiet part of a GPU start: imports, CUDA graphs, the first kernel compiles
+        log.info("starting the rollout engine (SGLang, %s mode); a first start on a GPU takes a minute or two",
+                 cfg.rollout.mode)
         try:
             with stop.interrupting() if stop is not None else contextlib.nullcontext():
                 engine = RolloutEngine(cfg.rollout, model_path, weight_loaders=cfg.weight_sync.engine_loaders)
+            log.info("rollout engine ready in %.0f s", time.perf_counter() - t0)
         except (RolloutEngineError, ValueError, StopRequested) as e:
             outcome = e
         except Exception as e:  # anything else: still an engine that did not start, on every rank

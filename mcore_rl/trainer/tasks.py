@@ -9,7 +9,8 @@
 RLTask: prompts -> SGLang rollout -> reward -> forward passes and advantages (rl_step.py); with an `agent`
     node the rollout is multi-turn with tools (mcore_rl/agent/rollout.py), the rest the same.
 PreferenceTask: (prompt, chosen, rejected) pairs -> the reference's log-probs -> the DPO loss.
-A new kind (asynchronous) is one more class with these methods.
+With trainer.rollout_mode != sync an RLTask takes its rollouts from rank 0's RolloutProducer
+    (async_rollout.py), which made them ahead, instead of generating them; the rest of its step is the same.
 """
 
 from __future__ import annotations
@@ -59,15 +60,24 @@ class RLTask:
         self.old_source = rl.old_logprob_source(mode, ppo_epochs=cfg.actor.ppo_epochs,
                                                 num_mini_batches=num_mini_batches, kl_in_reward=kl_in_reward)
         self.agent = None  # AgentRollout on global rank 0, built at the first rollout (agent_rollout)
+        self.producer = None  # RolloutProducer on global rank 0 of an asynchronous run (Run)
         # The response budget the length-normalised losses and the overlong penalty measure against: a turn's
         # for single-turn samples, the whole trajectory's for agentic ones.
         self.max_response = spec.agent.max_response_tokens if spec.agent else cfg.rollout.max_new_tokens
 
     def next_batch(self, step: int, engine) -> tuple[RLBatch | Skip, dict[str, float]]:
+        if self.cfg.trainer.rollout_mode != "sync":  # made ahead by rank 0's producer (async_rollout.py)
+            rollout, m = rl.receive(*(self.producer.take(self, step) if self.producer is not None else (None, None)))
+            if not rollout.samples:
+                return Skip("every sample was older than trainer.max_staleness allows"), m
+            batch, prep_m = rl.prepare(self.ctx, rollout, self.algo, self.cfg.actor, self.max_response,
+                                       self.kl_ctl, self.old_source)
+            return batch, {**m, **prep_m}
         prompts = self.sampler.next_batch()
         n = self.algo.n_samples_per_prompt
         rollout, m = rl.generate(self.ctx, engine, self.rewards, prompts, n, (step - 1) * len(prompts),
-                                 agent=self.agent_rollout(engine))
+                                 agent=self.agent_rollout(engine),
+                                 seed_stream=f"task:{self.name}" if self.cfg.multi_task else "")
         batch, prep_m = rl.prepare(self.ctx, rollout, self.algo, self.cfg.actor, self.max_response,
                                    self.kl_ctl, self.old_source)
         return batch, {**m, **prep_m}

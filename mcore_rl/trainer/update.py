@@ -6,10 +6,15 @@ One task (a run without a `tasks` list): the task trains alone, `actor.ppo_epoch
 Several tasks: each optimizer step combines every active task's whole batch (engine.multi_objective_step):
 each task's gradient clipped to its own `clip_grad`, weighted by the scheduler's coefficient, summed, then the
 global clip and Adam; `actor.ppo_epochs` such steps. Metrics of task <name> go under task/<name>/.
+
+An optimizer step whose gradient norm is inf or nan is never applied (engine.optimizer_step); it is counted in
+actor/nonfinite_updates (critic/...), and trainer.on_nonfinite says whether the run stops (NonFiniteUpdate,
+raised on every rank alike: the norm is global) or goes on.
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 from mcore_rl.trainer.step_data import RLBatch
@@ -25,6 +30,7 @@ def train_step(run, scheduler, batches: dict) -> dict[str, float]:
         task = run.tasks[i]
         m = task.train_alone(batch)
         m.update(task.train_critic(batch))
+    check_finite(m, run.cfg.trainer.on_nonfinite)
     m.update(run.actor.moe_metrics())  # MoE: router statistics of this step's actor updates, every task's
     m["timing/train_s"] = time.perf_counter() - t0
     tokens = sum(len(s.prompt_ids) + len(s.response_ids) for b in batches.values() if isinstance(b, RLBatch)
@@ -44,13 +50,20 @@ def _combined(run, scheduler, batches: dict) -> dict[str, float]:
     objectives = {i: tasks[i].objective(batches[i]) for i in order}
     grads = [TaskGrad(objectives[i].micro_batches, objectives[i].loss_fn, coef[i], tasks[i].spec.clip_grad,
                       objectives[i].temperature, objectives[i].with_entropy) for i in order]
-    m: dict[str, float] = {}
+    m: dict[str, float] = {"actor/nonfinite_updates": 0.0}
     sums: dict[str, float] = {}
+    applied = 0
     for epoch in range(epochs):
         res, per_task = run.actor.multi_objective_step(grads)
         for i, r in zip(order, per_task):
             if epoch == 0 and objectives[i].kl is None and "dpo/logratio" in r.metrics:
                 objectives[i].kl = r.metrics["dpo/logratio"]  # measured before this step's first update
+        if res.nonfinite:  # not applied (engine); check_finite applies trainer.on_nonfinite
+            if not m["actor/nonfinite_updates"]:
+                m.update({"actor/nonfinite_loss": res.loss, "actor/nonfinite_grad_norm": res.grad_norm})
+            m["actor/nonfinite_updates"] += 1
+            continue
+        applied += 1
         _add(sums, "actor/grad_norm", res.grad_norm)
         m["actor/lr"] = res.lr
         for i, r in zip(order, per_task):
@@ -64,7 +77,7 @@ def _combined(run, scheduler, batches: dict) -> dict[str, float]:
             _add(sums, p + "clip_coef", r.clip_coef)
             for key, v in r.metrics.items():
                 _add(sums, p + key, v)
-    m.update({k: v / epochs for k, v in sums.items()})
+    m.update({k: v / applied for k, v in sums.items()})
     for i in order:
         p = f"task/{tasks[i].name}/"
         m[p + "coef"] = coef[i]
@@ -72,11 +85,32 @@ def _combined(run, scheduler, batches: dict) -> dict[str, float]:
             m.update({p + k: v for k, v in objectives[i].peaks.reduce().items()})
     for i in order:  # the critic learns each rl task's values on that task's rollouts
         m.update({f"task/{tasks[i].name}/{k}": v for k, v in tasks[i].train_critic(batches[i]).items()})
-    scheduler.observe({i: m[f"task/{tasks[i].name}/loss"] for i in order})
+    if applied:  # a step whose updates were all skipped (non-finite) tells the scheduler nothing
+        scheduler.observe({i: m[f"task/{tasks[i].name}/loss"] for i in order})
     kl = global_kl([(objectives[i].kl, objectives[i].kl_tokens) for i in order])
     if kl is not None:
         m["kl"] = kl
     return m
+
+
+class NonFiniteUpdate(RuntimeError):
+    """An update's gradient norm was inf or nan and trainer.on_nonfinite=stop."""
+
+
+def check_finite(m: dict[str, float], policy: str) -> None:
+    """trainer.on_nonfinite for this step's updates: stop raises NonFiniteUpdate naming the model, the first
+    non-finite loss and gradient norm and how many updates were skipped; skip lets the run go on (the count is in
+    the metrics)."""
+    for key in [k for k in m if k.endswith("/nonfinite_updates") and m[k]] if policy == "stop" else []:
+        where = key[:-len("/nonfinite_updates")]  # actor, critic, task/<name>/critic
+        model = where.rsplit("/", 1)[-1]
+        loss, norm = m[f"{where}/nonfinite_loss"], m[f"{where}/nonfinite_grad_norm"]
+        bad = [name for name, v in (("loss", loss), ("gradient norm", norm)) if not math.isfinite(v)]
+        raise NonFiniteUpdate(
+            f"the {where}'s {' and '.join(bad)} {'are' if len(bad) > 1 else 'is'} not finite (loss {loss}, "
+            f"gradient norm {norm}); updates skipped, not applied: {int(m[key])} of this step's. Lower "
+            f"{model}.lr, check the rewards' scale and the advantages, or set trainer.on_nonfinite=skip to "
+            "skip such updates and go on")
 
 
 def global_kl(parts: list[tuple[float | None, int]]) -> float | None:

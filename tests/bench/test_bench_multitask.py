@@ -1,6 +1,9 @@
 """tools/bench_throughput.py multitask runs end to end on CPU: the multi-task recipe on the tiny random model and
 each task alone, 2 steps each. Checks that every figure is present and consistent (the separate sums are the
-sums of the single-task figures); no timing is asserted (benchmarks are not tests)."""
+sums of the single-task figures), that each run did what it is reported as (2 steps; both tasks trained in the
+multi-task run, one in each single-task run), and that two separate pipelines hold more memory than one (each
+is a process with its own Python, torch and SGLang engine: the sum of two is well above one run's peak, on CPU
+as on GPU); no timing is asserted (benchmarks are not tests)."""
 
 import json
 import math
@@ -45,3 +48,10 @@ def test_multitask_bench_reports_time_and_memory(tmp_path):
     assert f["multitask.memory_ratio_vs_separate"] == pytest.approx(
         f["multitask.peak_rss_gb"] / f["multitask.separate_peak_rss_gb"])
     assert "multitask.step_ratio_vs_separate" in proc.stdout  # the table
+    for run, tasks in (("", 2.0), ("arithmetic_", 1.0), ("safety_", 1.0)):
+        assert f[f"multitask.{run}steps_logged"] == 2.0, (run, f)
+        assert f[f"multitask.{run}tasks_trained"] == tasks, (run, f)
+    # one actor and reference instead of two, in one process instead of two: a ratio near 0.5 on CPU (each run's
+    # peak is mostly the process itself); a benchmark that measured the same run three times would give 0.5 too,
+    # which the task counts above rule out
+    assert f["multitask.memory_ratio_vs_separate"] < 0.8, f

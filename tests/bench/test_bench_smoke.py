@@ -51,3 +51,20 @@ def test_all_writes_every_figure(tmp_path, model):
     # e2e's step is one update from the whole batch: --old-logprobs auto (the default) skips that forward
     assert figures["e2e.old_logprobs_mode"] == "skip" and figures["e2e.old_logprobs_s"] == 0
     assert "rollout.ratio_vs_raw" in proc.stdout  # the table
+
+
+def test_e2e_one_step_off_policy_writes_its_figures(tmp_path):
+    """e2e --rollout-mode one_step_off_policy (the next batch generated on a thread while the step trains)."""
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, str(ROOT / "tools" / "bench_throughput.py"), "--json", str(out), "e2e",
+           "--model", "tiny", "--prompts", "2", "--n", "2", "--prompt-len", "4", "--max-new-tokens", "4",
+           "--repeats", "2", "--warmup", "1", "--max-total-tokens", "2048", "--rollout-mode", "one_step_off_policy"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", MASTER_PORT=str(free_port()))
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    figures = json.loads(out.read_text())
+    assert figures["e2e.rollout_mode"] == "one_step_off_policy"
+    assert figures["e2e.new_tokens"] == 2 * 2 * 4
+    for key in ("e2e.step_s", "e2e.ratio_vs_raw_parts", "e2e.update_s", "e2e.sync_s"):
+        assert math.isfinite(figures[key]) and figures[key] > 0, (key, figures.get(key))
+    assert figures["e2e.sync_wait_s"] >= 0 and figures["e2e.rollout_s"] >= 0

@@ -171,7 +171,7 @@ def test_cli_unsupported_architecture(cli, capsys, tiny_dir, tmp_path):
 def test_cli_tp_not_dividing_heads(cli, capsys, tiny_dir, tmp_path):
     code, err = run_cli(cli, capsys, "to-mcore", "--hf-dir", tiny_dir, "--out", tmp_path / "out", "--tp", 3)
     assert code == 2
-    assert "num_attention_heads (4) is not divisible by parallel.tp (3)" in err
+    assert "num_attention_heads (4) is not divisible by --tp (3); use a --tp that divides 4" in err
     assert list(tmp_path.iterdir()) == []
 
 

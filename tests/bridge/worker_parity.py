@@ -68,19 +68,18 @@ def check_export(exporter, ref: dict, order: list[str]) -> dict:
 
 def check_critic(actor_chunks, hf, hf_dir, parallel) -> dict:
     """A critic (value head) takes every HF weight but the output layer; exporting it is refused."""
-    import torch
-
     from mcore_rl.bridge import HFWeightExporter, load_hf_weights
     from mcore_rl.bridge.bind import bind
     from mcore_rl.config.model import ModelConfig
     from mcore_rl.models import build_model
+    from mcore_rl.testing import unequal
 
     built = build_model(hf, ModelConfig(path=hf_dir, dtype="fp32", attention="sdpa"), parallel, value_head=True)
     critic = built.chunks
     load_hf_weights(critic, hf_dir, hf, critic=built.info.is_critic)
     actor = dict(actor_chunks[0].named_parameters())
     shared = {n: p for n, p in critic[0].named_parameters() if not n.startswith("output_layer.")}
-    result = {"same_as_actor": all(torch.equal(p, actor[n]) for n, p in shared.items()), "num_shared": len(shared)}
+    result = {"unlike_actor": unequal(shared, actor), "num_shared": len(shared)}
     # callers holding only the chunks (critic=None): read from the modules, the same binding
     result["bind_reads_critic"] = ([b.name for b in bind(critic, hf)]
                                    == [b.name for b in bind(critic, hf, critic=True)])

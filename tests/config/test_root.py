@@ -42,6 +42,18 @@ def compose(*overrides):
      "multitask.only names tasks ['math'] that are not in tasks"),
     (["experiment=multitask_grpo_dpo", "ref.enabled=false", "multitask.kl_target=null"],
      "task safety: dpo compares the actor with the reference"),
+    (["trainer.rollout_mode=asynchronous"],
+     "trainer.rollout_mode must be one of ('sync', 'one_step_off_policy', 'async'), got 'asynchronous'"),
+    (["trainer.rollout_mode=async", "trainer.max_staleness=0"], "trainer.max_staleness must be >= 1"),
+    (["trainer.rollout_mode=async", "trainer.partial_rollouts=abort"],
+     "trainer.partial_rollouts must be finish or continue, got 'abort'"),
+    (["experiment=multitask_grpo_dpo", "multitask.combine=alternating", "trainer.rollout_mode=one_step_off_policy"],
+     "multitask.combine=alternating picks them step by step: set multitask.combine=weighted_sum"),
+    (["experiment=cpu_agent_calculator", "trainer.rollout_mode=async", "trainer.partial_rollouts=continue"],
+     "cannot resume multi-turn trajectories in the middle of a turn (task grpo has an agent): set "
+     "trainer.partial_rollouts=finish"),
+    (["trainer.rollout_mode=async", "trainer.partial_rollouts=continue", "model.moe_routing_replay=true"],
+     "a continued sample's routes would mix two weight versions"),
 ])
 def test_run_config_errors(overrides, message):
     with pytest.raises(ValueError) as e:

@@ -69,7 +69,8 @@ def test_parquet_rows_read_through_datasets(tmp_path):
 
 def test_row_errors_raise_or_count():
     where = RowLocation("f.jsonl", 3, "line")
-    with pytest.raises(BadRowError, match=r"^f.jsonl, line 3: missing key 'prompt'$"):
+    with pytest.raises(BadRowError, match=r"^f.jsonl, line 3: missing key 'prompt'; fix the row, or set "
+                       r"on_bad_row=skip to skip bad rows$"):
         RowErrors("error").add(where, "missing key 'prompt'")
     skip = RowErrors("skip", max_examples=1)
     skip.add(where, "one")

@@ -39,7 +39,8 @@ def test_pairs_tokenise_prompt_chosen_rejected_with_eos(tmp_path, write_lines, t
 def test_bad_pair_names_file_and_line(tmp_path, write_lines, tokenizer, row, problem):
     with pytest.raises(ValueError) as e:
         load(tmp_path, write_lines, tokenizer, rows=[ROWS[0], row])
-    assert str(e.value) == f"{tmp_path / 'pairs.jsonl'}, line 2: {problem}"
+    assert str(e.value) == (f"{tmp_path / 'pairs.jsonl'}, line 2: {problem}; fix the row, or set on_bad_row=skip "
+                            "to skip bad rows")
 
 
 def test_skip_mode_and_length_filter_count(tmp_path, write_lines, tokenizer):

@@ -16,6 +16,8 @@ ROWS = [
     },
 ]
 
+FIX = "; fix the row, or set on_bad_row=skip to skip bad rows"  # what every bad-row error ends with
+
 
 def load(tmp_path, write_lines, tokenizer, rows=ROWS, **cfg):
     path = write_lines(tmp_path / "train.jsonl", rows)
@@ -99,7 +101,7 @@ def test_bad_row_error_names_file_line_and_problem(tmp_path, write_lines, tokeni
     rows = [ROWS[0], "", bad_line, ROWS[1]]  # the blank line still counts: the bad row is on line 3
     with pytest.raises(BadRowError) as e:
         load(tmp_path, write_lines, tokenizer, rows=rows)
-    assert str(e.value) == f"{tmp_path / 'train.jsonl'}, line 3: {problem}"
+    assert str(e.value) == f"{tmp_path / 'train.jsonl'}, line 3: {problem}" + FIX
 
 
 def test_message_list_without_chat_template_is_a_bad_row(tmp_path, write_lines, plain_tokenizer):
@@ -158,7 +160,7 @@ def test_parquet_bad_row_names_file_and_row(tmp_path, tokenizer):
     datasets.Dataset.from_list([{"prompt": "q", "answer": "1"}, {"prompt": "q", "answer": None}]).to_parquet(path)
     with pytest.raises(ValueError) as e:
         load_prompt_dataset(DataConfig(train_files=[str(path)], cache_dir=str(tmp_path / "c")), tokenizer)
-    assert str(e.value) == f"{path}, row 2: 'answer' is null"
+    assert str(e.value) == f"{path}, row 2: 'answer' is null" + FIX
 
 
 def test_val_split(tmp_path, write_lines, tokenizer):

@@ -27,6 +27,7 @@ if __name__ == "__main__":
     from mcore_rl.engine.optimizer import inner_optimizers
     from mcore_rl.models import load_hf_config
     from mcore_rl.parallel import destroy, initialize
+    from mcore_rl.testing import listed, unequal
 
     out, models_dir = Path(sys.argv[1]), Path(sys.argv[2])
     path = C.make_models(models_dir)["llama"]
@@ -59,9 +60,9 @@ if __name__ == "__main__":
     model_params = {id(m): p for o in inner_optimizers(engine.optimizer)
                     for mg, sg in zip(o.model_float16_groups, o.shard_fp32_from_float16_groups)
                     for p, m in zip(mg, sg)}
-    report["masters_follow_reload"] = all(
-        torch.equal(m, model_params[id(m)].detach().view(-1)[:m.numel()].float()) for m in masters
-        if m.numel() == model_params[id(m)].numel())
+    same_size = [m for m in masters if m.numel() == model_params[id(m)].numel()]
+    report["masters_unlike_reload"] = unequal(listed(same_size), listed(
+        model_params[id(m)].detach().view(-1)[:m.numel()].float() for m in same_size))
 
     losses = []
     for step in range(5):
@@ -87,8 +88,8 @@ if __name__ == "__main__":
         b.offload_optimizer()
         b.onload_optimizer()
         b.train_step(mbs, nll, normalizer=norm)
-    report["offload_equal"] = all(torch.equal(pa, pb) for pa, pb in
-                                  zip(a.model_chunks[0].parameters(), b.model_chunks[0].parameters()))
+    report["offload_unequal"] = unequal(dict(a.model_chunks[0].named_parameters()),
+                                        dict(b.model_chunks[0].named_parameters()))
 
     # A forward-only engine (reference model) with the actor's weights gives the actor's log-probs.
     ref_engine = TrainEngine(hf, C.model_cfg(path), parallel, optim=None)
@@ -97,7 +98,7 @@ if __name__ == "__main__":
             pr.copy_(pa)
     lp_actor = unpack([o["logprobs"] for o in a.compute_logprobs(mbs)], mbs)
     lp_ref = unpack([o["logprobs"] for o in ref_engine.compute_logprobs(mbs)], mbs)
-    report["ref_equal"] = all(torch.equal(x, y) for x, y in zip(lp_actor, lp_ref))
+    report["ref_unequal"] = unequal(listed(lp_actor), listed(lp_ref))  # per sequence
     report["ref_requires_grad"] = any(p.requires_grad for p in ref_engine.model_chunks[0].parameters())
 
     critic = TrainEngine(hf, C.model_cfg(path, critic=True), parallel, optim=None, value_head=True)

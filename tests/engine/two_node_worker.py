@@ -60,7 +60,8 @@ if __name__ == "__main__":
     flat = torch.cat([p.detach().flatten() for p in engine.model_chunks[0].parameters()])
     gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, flat)
-    report["replicas_equal"] = all(torch.equal(gathered[0], g) for g in gathered)
+    report["replicas_unlike_rank0"] = {r: (g - gathered[0]).abs().max().item() for r, g in enumerate(gathered)
+                                       if not torch.equal(g, gathered[0])}  # rank -> max |diff| of the weights
     report["moved"] = (flat - before).abs().max().item()
 
     C.write_json(out / f"rank{rank}.json", report)

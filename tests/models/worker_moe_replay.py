@@ -8,7 +8,7 @@ layouts. For every layout, each data-parallel rank takes its share of the sample
 * own_match: how many (token, layer) expert sets of the trainer's own routing equal SGLang's, of how many;
 * replay_gap / own_gap: max |trainer - SGLang| log-prob over response tokens with the rollout routes replayed,
   and with the trainer's own routing;
-* used_exact: whether the routers dispatched exactly the replayed routes (every token, every layer);
+* used_mismatch: where the routers dispatched other than the replayed routes ([layer, sample, tokens]; empty);
 * shifted: the trainer's log-probs with every expert id shifted by one (mod E), for the test to compare with
   transformers forced onto the same routes;
 * recompute: loss and grad norm of one replayed training pass with model.recompute=none and =full (activation
@@ -124,9 +124,9 @@ def main():
         # (b) replayed: log-probs against SGLang's, and the dispatched routes are exactly the replayed ones
         routes = [token_routes(s) for s in samples]
         case["replay_gap"] = gap(response_logprobs(engine, samples, routes))
-        case["used_exact"] = all(
-            bool((rmap.nonzero()[:, 1].view(rmap.size(0), -1) == route_sets(r[:, layer])).all())
-            for layer, maps in seen.items() for rmap, r in zip(maps, routes))
+        case["used_mismatch"] = [  # [layer, sample, tokens dispatched elsewhere than replayed] where any were
+            [layer, i, n] for layer, maps in seen.items() for i, (rmap, r) in enumerate(zip(maps, routes))
+            if (n := int((rmap.nonzero()[:, 1].view(rmap.size(0), -1) != route_sets(r[:, layer])).any(dim=-1).sum()))]
         case["layers_seen"] = sorted(seen)
         seen.clear()
         case["shifted"] = response_logprobs(engine, samples, [token_routes(s, shift=1) for s in samples])

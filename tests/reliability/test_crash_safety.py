@@ -69,6 +69,25 @@ def _living(pids) -> list[int]:
     return alive
 
 
+def _run_port(proc) -> str:
+    """The MASTER_PORT of a launched run, read from a worker's environment: what every process the run starts
+    inherits, and what _of_run finds them by."""
+    return _workers(proc)[0].environ()["MASTER_PORT"]
+
+
+def _of_run(port: str) -> list[int]:
+    """Every live process whose environment names the run's MASTER_PORT: its workers and whatever they started,
+    re-parented to init or not, including processes started after a snapshot of the tree was taken."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("MASTER_PORT") == port and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p.pid)
+        except psutil.Error:
+            pass
+    return found
+
+
 def _wait_until_gone(pids, bound_s: float) -> None:
     """Until none of `pids` lives or bound_s has passed (the caller asserts which)."""
     deadline = time.monotonic() + bound_s
@@ -190,6 +209,7 @@ def test_engine_death_is_one_line_and_leaves_nothing(tiny_model, arith_data, tmp
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         _wait_for_step(proc, out)
+        port = _run_port(proc)
         tree = psutil.Process(proc.pid).children(recursive=True)
         run_pids = [c.pid for c in tree]
         scheduler = [c for c in tree if "sglang::scheduler" in " ".join(c.cmdline())]
@@ -201,6 +221,14 @@ def test_engine_death_is_one_line_and_leaves_nothing(tiny_model, arith_data, tmp
         lines = [line for line in text.splitlines() if "the rollout engine failed in step" in line]
         assert len(lines) == 1, text[-4000:]
         assert "Last checkpoint:" in lines[0] and "trainer.resume=auto" in lines[0]
+        orphans = _of_run(port)  # none of the run's processes, the tree's snapshot or not, outlives it
+        assert not orphans, [psutil.Process(p).cmdline()[:3] for p in orphans]
+        # nothing half-written: every metrics row whole, the checkpoint `latest` names complete, no partial one
+        text = (out / "metrics.jsonl").read_text()
+        assert text.endswith("\n") and all(json.loads(row) for row in text.splitlines())
+        latest = (out / "checkpoints" / "latest").read_text().strip()
+        assert (out / "checkpoints" / latest / "state.json").is_file() and latest in lines[0], (latest, lines[0])
+        assert not list((out / "checkpoints").glob("*.tmp"))
         record(case="the SGLang scheduler process killed mid-run", sees="once, from rank 0: 'the rollout engine "
                "failed in step k: ... Last checkpoint: ...; continue with trainer.resume=auto'",
                exit_s=round(exit_s, 1), left=len(_living(run_pids)))

@@ -46,7 +46,7 @@ if __name__ == "__main__":
             "trainable_is_actor": set(trainable) == set(actor),
             "trainable_elements": sum(p.numel() for p in trainable.values()),
             "actor_elements": sum(p.numel() for p in actor.values()),
-            "ref_frozen": all(not p.requires_grad for p in ref),
+            "ref_trainable": [n for c in trainer.ref.model_chunks for n, p in c.named_parameters() if p.requires_grad],
             "ref_shares_actor_storage": any(p.data_ptr() in {a.data_ptr() for a in actor.values()} for p in ref),
             "num_engines_with_optimizer": sum(1 for e in (trainer.actor, trainer.ref, trainer.critic)
                                               if e is not None and e.optimizer is not None),

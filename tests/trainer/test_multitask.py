@@ -120,15 +120,16 @@ def test_one_actor_parameter_set(tiny_model, arith_data, pairs_data, tmp_path):
     assert r["num_tasks_trained"] == 2
     assert r["trainable_is_actor"] and r["num_trainable"] == r["num_actor"]
     assert r["trainable_elements"] == r["actor_elements"]
-    assert r["ref_frozen"] and not r["ref_shares_actor_storage"]
+    assert not r["ref_trainable"], r["ref_trainable"]  # the reference's parameters that would train
+    assert not r["ref_shares_actor_storage"]
     assert r["num_engines_with_optimizer"] == 1
 
 
 def test_resume_restores_scheduler_and_kl_monitor(tiny_model, arith_data, pairs_data, tmp_path):
     """Stopped after step 2 and resumed: steps 3 and 4 equal the uninterrupted run's (1e-6; reasoning in
     test_resume.py). Alternating + auto weights + KL monitor, so the scheduler's credits, loss windows and
-    weights and the LR multiplier all decide what steps 3-4 do. Greedy rollouts (SGLang's CPU sampling is not
-    seedable)."""
+    weights and the LR multiplier all decide what steps 3-4 do. Greedy rollouts (sampled ones:
+    tests/trainer/test_exact_resume.py)."""
     common = ["multitask.combine=alternating", "multitask.weighting=auto", "multitask.auto_min_history=2",
               "multitask.kl_target=1e-3", "rollout.temperature=0", "trainer.save_every=1", "trainer.keep_last=3"]
     full, part = tmp_path / "full", tmp_path / "part"

@@ -2,8 +2,8 @@
 
 PPO with a critic and an adaptive KL controller, so the checkpoint must carry actor and critic weights, both
 optimizers and schedulers, the data position, the KL controller and the RNG states. Generation is greedy
-(rollout.temperature=0): SGLang's sampling RNG lives in its scheduler process and is not checkpointable, and
-SGLang's seeded deterministic sampling needs GPU attention backends (triton / fa3), not CPU's torch_native.
+(rollout.temperature=0), so this checks the trainer's state alone; sampled rollouts resume exactly too
+(rollout.deterministic, tests/trainer/test_exact_resume.py).
 Tolerance 1e-6 absolute on every logged number except timings: same layout, same inputs, fp32, so only a
 state that was not restored can make a difference (the per-parameter Adam step bug moved weights by 1e-3).
 """

@@ -25,6 +25,9 @@ def _check_run(rows, steps):
         assert r["rollout/logprob_diff_max"] < LOGPROB_TOL, r
         assert r["actor/grad_norm"] > 0
     assert [r["rollout/weight_version"] for r in rows] == [float(s) for s in range(1, steps + 1)]
+    # trainer.rollout_mode=sync (the default): every batch from the weights it trains, no asynchronous machinery
+    assert [r["rollout/sample_weight_version"] for r in rows] == [float(s) for s in range(steps)]
+    assert not [k for r in rows for k in r if k.startswith("async/")]
 
 
 def test_grpo_dp2_trains_syncs_checkpoints_and_exports(tiny_model, arith_data, tmp_path):

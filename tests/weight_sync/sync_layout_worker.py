@@ -34,6 +34,7 @@ def check_model(model: str, scratch: str) -> dict:
     from mcore_rl.models.arch import load_hf_config
     from mcore_rl.parallel import initialize
     from mcore_rl.rollout.engine import RolloutEngine
+    from mcore_rl.testing import unequal
     from mcore_rl.weight_sync import WeightSync
 
     hf = load_hf_config(model)
@@ -47,7 +48,10 @@ def check_model(model: str, scratch: str) -> dict:
                      extra_args={"disable_cuda_graph": True})
     else:
         where = dict(device="cpu", max_total_tokens=1024)
-    rollout = RolloutEngine(RolloutConfig(dtype="fp32", show_progress=False, log_level="error", **where), model)
+    # deterministic=false: the prefix (radix) cache this checks the flushing of is off in SGLang's deterministic
+    # mode on CPU (mcore_rl/rollout/cpu_seeded_sampling.py)
+    rollout = RolloutEngine(RolloutConfig(dtype="fp32", show_progress=False, log_level="error", deterministic=False,
+                                          **where), model)
     weights = rollout.weights
     try:
         s0 = weights.save_parameters()
@@ -156,10 +160,10 @@ def check_model(model: str, scratch: str) -> dict:
             num_buckets=len(engine_sync.exporter.plan()),
             names=sorted(e),
             same_names=sorted(e) == sorted(h) == sorted(s0),
-            engine_equals_hf=[n for n in e if not torch.equal(e[n], h[n])] == [],
-            direct_equals_hf=[n for n in d if not torch.equal(d[n], h[n])] == [],
+            engine_unlike_hf=unequal(e, h),
+            direct_unlike_hf=unequal(d, h),
             unchanged_by_sync=[n for n in e if torch.equal(e[n], s0[n])],
-            reload_restored=all(torch.equal(reloaded[n], s0[n]) for n in s0),
+            reload_unrestored=unequal(s0, reloaded),
             embed_shape=list(e["model.embed_tokens.weight"].shape),
             embed_padding_zero=bool((e["model.embed_tokens.weight"][hf["vocab_size"]:] == 0).all()),
             version=version,
