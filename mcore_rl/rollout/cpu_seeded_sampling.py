@@ -20,8 +20,6 @@ spawned scheduler):
 
 from __future__ import annotations
 
-import sys
-
 _MASK32 = 0xFFFFFFFF
 
 
@@ -93,31 +91,9 @@ PATCHES = {
 }
 
 
-class _PatchAfterImport:
-    """Import hook: runs PATCHES[name] on a module of PATCHES right after the module's own code ran."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name not in PATCHES:
-            return None
-        import importlib.machinery
-
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_and_patch(module):
-            exec_module(module)
-            PATCHES[name](module)
-
-        spec.loader.exec_module = exec_and_patch
-        return spec
-
-
 def install() -> None:
-    """Patch the modules of PATCHES already imported in this process and those imported later. Idempotent."""
+    """Patch the modules of PATCHES, now where imported and on import elsewhere. Idempotent."""
+    from mcore_rl.rollout.after_import import patch_after_import
+
     for name, patch in PATCHES.items():
-        if name in sys.modules:
-            patch(sys.modules[name])
-    if not any(isinstance(f, _PatchAfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PatchAfterImport())
+        patch_after_import(name, patch)

@@ -133,7 +133,8 @@ def stand_in_module() -> types.ModuleType:
     """The `sgl_kernel` stand-in (one instance per process)."""
     global _MODULE
     if _MODULE is None:
-        mod = _StandInModule("sgl_kernel", "mcore_rl CPU stand-in for sgl_kernel (see mcore_rl.rollout.sgl_kernel_stand_in)")
+        mod = _StandInModule("sgl_kernel",
+                             "mcore_rl CPU stand-in for sgl_kernel (see mcore_rl.rollout.sgl_kernel_stand_in)")
         mod.__file__ = __file__
         mod.__version__ = "0.0.0+mcore_rl_cpu_stand_in"
         mod.assign_req_to_token_pool_cpu = assign_req_to_token_pool_cpu
@@ -151,44 +152,29 @@ def stand_in_module() -> types.ModuleType:
 _HOST_CACHE_MODULE = "sglang.srt.state_capturer.base"
 
 
-class _UnpinnedHostCaches:
-    """Import hook: once SGLang's state-capturer module is loaded, its host buffers are made without
-    pin_memory. SGLang 0.5.17 allocates the routed-experts host cache (enable_return_routed_experts, routing
-    replay) with pin_memory=True, which torch refuses without an accelerator ("pin_memory=True requires a CUDA
-    or other accelerator backend"); on a CPU nothing is gained by pinning anyway."""
+def _unpinned_host_caches(module) -> None:
+    """SGLang's state-capturer module, patched so that its host buffers are made without pin_memory. SGLang 0.5.17
+    allocates the routed-experts host cache (enable_return_routed_experts, routing replay) with pin_memory=True,
+    which torch refuses without an accelerator ("pin_memory=True requires a CUDA or other accelerator backend");
+    on a CPU nothing is gained by pinning anyway."""
+    torch = module.torch
+    original = module.BaseHostCache.__init__
 
-    def find_spec(self, name, path=None, target=None):
-        if name != _HOST_CACHE_MODULE:
-            return None
-        import importlib.machinery
+    def init(self, *args, **kwargs):
+        zeros = torch.zeros
+        try:
+            torch.zeros = lambda *a, pin_memory=False, **k: zeros(*a, **k)
+            original(self, *args, **kwargs)
+        finally:
+            torch.zeros = zeros
 
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_and_patch(module):
-            exec_module(module)
-            torch = module.torch
-            original = module.BaseHostCache.__init__
-
-            def init(self, *args, **kwargs):
-                zeros = torch.zeros
-                try:
-                    torch.zeros = lambda *a, pin_memory=False, **k: zeros(*a, **k)
-                    original(self, *args, **kwargs)
-                finally:
-                    torch.zeros = zeros
-
-            module.BaseHostCache.__init__ = init
-
-        spec.loader.exec_module = exec_and_patch
-        return spec
+    module.BaseHostCache.__init__ = init
 
 
 def _unpin_host_caches() -> None:
-    if not any(isinstance(f, _UnpinnedHostCaches) for f in sys.meta_path):
-        sys.meta_path.insert(0, _UnpinnedHostCaches())
+    from mcore_rl.rollout.after_import import patch_after_import
+
+    patch_after_import(_HOST_CACHE_MODULE, _unpinned_host_caches)
 
 
 def needed() -> bool:

@@ -195,15 +195,28 @@ def test_sigterm_saves_and_resume_continues(tiny_model, arith_data, tmp_path, re
     assert [r["step"] for r in rows] == list(range(1, saved + 2))
 
 
-def test_engine_death_is_one_line_and_leaves_nothing(tiny_model, arith_data, tmp_path, record):
+ENGINE_DEATH_RUNS = {
+    "sync": ("the SGLang scheduler process killed mid-run", []),
+    # the producer thread is always mid-batch (long generations) when the scheduler goes: its error reaches the
+    # step that takes the batch (trainer/async_rollout.py)
+    "one_step_off_policy": ("the SGLang scheduler killed while an asynchronous run generates ahead "
+                            "(trainer.rollout_mode=one_step_off_policy)",
+                            ["trainer.rollout_mode=one_step_off_policy", "rollout.max_new_tokens=160",
+                             "rollout.ignore_eos=true", "model.max_seq_len=512"]),
+}
+
+
+@pytest.mark.parametrize("mode", list(ENGINE_DEATH_RUNS))
+def test_engine_death_is_one_line_and_leaves_nothing(tiny_model, arith_data, tmp_path, record, mode):
     """The SGLang scheduler killed mid-run: every rank stops (no rank waits for samples that never come), rank 0
     says once which step failed, why, and where the last checkpoint is; no process of the run is left."""
+    case, extra = ENGINE_DEATH_RUNS[mode]
     out = tmp_path / "run"
     log_path = tmp_path / "run.log"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
            str(free_port()), str(ROOT / "tools" / "train_ppo.py"),
            *tiny_overrides(tiny_model, arith_data, str(out)), "trainer.total_steps=100000", "trainer.export_hf=false",
-           "trainer.save_every=1"]
+           "trainer.save_every=1", *extra]
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -229,7 +242,7 @@ def test_engine_death_is_one_line_and_leaves_nothing(tiny_model, arith_data, tmp
         latest = (out / "checkpoints" / "latest").read_text().strip()
         assert (out / "checkpoints" / latest / "state.json").is_file() and latest in lines[0], (latest, lines[0])
         assert not list((out / "checkpoints").glob("*.tmp"))
-        record(case="the SGLang scheduler process killed mid-run", sees="once, from rank 0: 'the rollout engine "
+        record(case=case, sees="once, from rank 0: 'the rollout engine "
                "failed in step k: ... Last checkpoint: ...; continue with trainer.resume=auto'",
                exit_s=round(exit_s, 1), left=len(_living(run_pids)))
     finally:
