@@ -149,6 +149,11 @@ class RewardConfig:
     timeout_s: float | None = 60.0
     """Seconds a reward call may run before it is abandoned and its samples get fallback_reward; null waits
     forever."""
+    max_error_fraction: float = 0.5
+    """A step in which more than this share of the samples failed to be scored (errors, non-finite values,
+    timeouts) stops the run with an error naming the reward and its first failure (RewardError): a reward that
+    always fails is a bug, not noise, and fallback rewards would train on nothing. 1.0 never stops (the failed
+    samples get fallback_reward, as below the bound)."""
     max_logged_errors: int = 3
     """Tracebacks of the first this-many failures are logged; later ones are only counted (0 = none logged)."""
     function_path: str | None = None
@@ -190,5 +195,7 @@ class RewardConfig:
                     f"timeout_s ({self.timeout_s}) needs worker threads, but num_workers is 0; "
                     "set num_workers >= 1 or timeout_s=None"
                 )
+        if not 0.0 <= self.max_error_fraction <= 1.0:
+            raise ValueError(f"max_error_fraction ({self.max_error_fraction}) must be in [0, 1] (1.0: never stop)")
         if self.max_logged_errors < 0:
             raise ValueError(f"max_logged_errors ({self.max_logged_errors}) must be >= 0")

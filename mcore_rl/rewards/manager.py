@@ -113,6 +113,10 @@ def build_reward_fn(cfg: RewardConfig) -> RewardFn:
     raise ValueError(f"reward name {cfg.name!r} has no builder")  # RewardConfig lists the names
 
 
+class RewardError(ValueError):
+    """A step's rewards failed beyond reward.max_error_fraction: the run stops (every rank, one line)."""
+
+
 class RewardManager:
     def __init__(self, cfg: RewardConfig, reward_fn: RewardFn | None = None):
         """`reward_fn` replaces the one cfg.name builds (tests, or a function built in code)."""
@@ -136,11 +140,13 @@ class RewardManager:
             results = [_call_inline(self.reward_fn.fn, chunk) for chunk in chunks]
 
         num_errors = num_timeouts = 0
+        first_problem = None
         for chunk_index, (chunk, result) in enumerate(zip(chunks, results, strict=True)):
             raw, problem = _raw_rewards(result, len(chunk), self.cfg.timeout_s)
             if problem is None:
                 rewards = [self._finish(r) for r in raw]
             else:
+                first_problem = first_problem or problem
                 if result.timed_out:
                     num_timeouts += len(chunk)
                 else:
@@ -157,6 +163,14 @@ class RewardManager:
                 "reward %r: %d of %d samples failed (%d errors, %d timeouts) and got the fallback reward %s",
                 self._name, num_errors + num_timeouts, len(samples), num_errors, num_timeouts,
                 self.cfg.fallback_reward,
+            )  # fmt: skip
+        failed = num_errors + num_timeouts
+        if samples and failed / len(samples) > self.cfg.max_error_fraction:
+            raise RewardError(
+                f"reward {self._name!r} failed on {failed} of the step's {len(samples)} samples ({num_errors} errors, "
+                f"{num_timeouts} timeouts), more than reward.max_error_fraction ({self.cfg.max_error_fraction:g}) "
+                f"allows. The first failure: {first_problem.strip().splitlines()[-1]}. Fix the reward, or set "
+                "reward.max_error_fraction=1.0 to train on reward.fallback_reward for the samples it cannot score"
             )  # fmt: skip
         rewards_all = [s.reward for s in samples]
         return {

@@ -22,6 +22,7 @@ from mcore_rl.agent.rollout import agent_metrics
 from mcore_rl.config.rl import ActorConfig, AlgorithmConfig
 from mcore_rl.parallel import watchdog
 from mcore_rl.parallel.runtime import from_rank0
+from mcore_rl.rewards.manager import RewardError
 from mcore_rl.rollout.errors import RolloutEngineError
 from mcore_rl.trainer.batch import response_mask, rollout_logprobs, sample_sequences, shard, split_even
 from mcore_rl.trainer.batch import to_response_space, to_token_space
@@ -100,7 +101,7 @@ def produce(ctx: StepContext, engine, rewards, prompts, n: int, first_group_id: 
         metrics["timing/rollout_s"] = time.perf_counter() - t0
         return [batch.samples, batch.policy_version, metrics], None
     except Exception as e:  # every rank raises it, instead of waiting for samples that never come
-        return (e if isinstance(e, RolloutEngineError) else RuntimeError(
+        return (e if isinstance(e, (RolloutEngineError, RewardError)) else RuntimeError(
             f"global rank 0 failed to generate: {type(e).__name__}: {e}")), e
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from mcore_rl.config.reward import RewardConfig
 from mcore_rl.rewards import RewardFn, RewardManager
+from mcore_rl.rewards.manager import RewardError
 from mcore_rl.types import Sample
 
 LOGGER = "mcore_rl.rewards.manager"
@@ -66,7 +67,7 @@ def test_raising_reward_function_gets_fallback_is_counted_and_first_tracebacks_l
             raise ZeroDivisionError(f"cannot score {sample.response_text}")
         return 1.0
 
-    cfg = RewardConfig(name="math", fallback_reward=-0.5, max_logged_errors=2, num_workers=2)
+    cfg = RewardConfig(name="math", fallback_reward=-0.5, max_logged_errors=2, num_workers=2, max_error_fraction=1.0)
     manager = RewardManager(cfg, reward_fn=per_sample(flaky))
     batch = make_samples(["ok", "bad1", "ok", "bad2", "bad3"])
     with caplog.at_level(logging.WARNING, logger=LOGGER):
@@ -108,7 +109,8 @@ def test_hanging_reward_function_times_out_and_the_run_goes_on(release):
 
 @pytest.mark.parametrize("bad_value", ["1.0", None, math.nan, math.inf, True, [1.0]])
 def test_non_numeric_returns_are_errors(bad_value, caplog):
-    manager = RewardManager(RewardConfig(name="math", num_workers=1), reward_fn=per_sample(lambda s: bad_value))
+    manager = RewardManager(RewardConfig(name="math", num_workers=1, max_error_fraction=1.0),
+                            reward_fn=per_sample(lambda s: bad_value))
     batch = make_samples(["x"])
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         assert manager.score(batch)["reward/num_errors"] == 1.0
@@ -119,7 +121,7 @@ def test_non_numeric_returns_are_errors(bad_value, caplog):
 
 def test_batch_function_returning_the_wrong_count_fails_its_chunk():
     fn = RewardFn(lambda chunk: [1.0] * (len(chunk) - 1 if len(chunk) == 2 else len(chunk)), chunk_size=2)
-    manager = RewardManager(RewardConfig(name="math", num_workers=1), reward_fn=fn)
+    manager = RewardManager(RewardConfig(name="math", num_workers=1, max_error_fraction=1.0), reward_fn=fn)
     batch = make_samples(["a", "b", "c"])
     assert manager.score(batch)["reward/num_errors"] == 2.0
     assert [s.reward for s in batch] == [0.0, 0.0, 1.0]
@@ -136,7 +138,8 @@ def test_inline_mode_also_contains_errors():
 
 def test_missing_meta_key_is_reported(caplog):
     batch = make_samples(["#### 7"])  # no meta["answer"]
-    with caplog.at_level(logging.WARNING, logger=LOGGER), RewardManager(RewardConfig(name="math")) as manager:
+    cfg = RewardConfig(name="math", max_error_fraction=1.0)
+    with caplog.at_level(logging.WARNING, logger=LOGGER), RewardManager(cfg) as manager:
         assert manager.score(batch)["reward/num_errors"] == 1.0
     assert "sample.meta has no 'answer' (it has []); carry that column with data.meta_keys" in caplog.text
 
@@ -171,7 +174,8 @@ def test_a_reward_function_that_never_returns_does_not_block_interpreter_exit(tm
 
             never = threading.Event()
             fn = RewardFn(lambda chunk: [never.wait() and 1.0], chunk_size=1)
-            manager = RewardManager(RewardConfig(name="math", timeout_s=0.1, num_workers=1), reward_fn=fn)
+            manager = RewardManager(RewardConfig(name="math", timeout_s=0.1, num_workers=1, max_error_fraction=1.0),
+                                    reward_fn=fn)
             print(manager.score([Sample([1], [2], [0.0], "stop")]))
             """
         )
@@ -180,3 +184,31 @@ def test_a_reward_function_that_never_returns_does_not_block_interpreter_exit(tm
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "'reward/num_timeouts': 1.0" in done.stdout
+
+
+@pytest.mark.parametrize("returns, first", [(None, "ZeroDivisionError: division by zero"),
+                                            (math.nan, "returned nan; expected a finite float")])
+def test_a_step_failing_beyond_max_error_fraction_stops_the_run(returns, first):
+    """3 of 4 samples fail (0.75 > the default 0.5): RewardError, naming the reward, the counts, the first
+    failure and the switch; at 0.75 exactly the step is scored with the fallback."""
+    def fn(sample):
+        if sample.response_text == "ok":
+            return 1.0
+        return 1 / 0 if returns is None else returns
+
+    batch = make_samples(["ok", "x", "y", "z"])
+    with RewardManager(RewardConfig(name="math", num_workers=1), reward_fn=per_sample(fn)) as manager:
+        with pytest.raises(RewardError) as e:
+            manager.score(batch)
+    assert str(e.value) == (
+        f"reward 'math' failed on 3 of the step's 4 samples (3 errors, 0 timeouts), more than "
+        f"reward.max_error_fraction (0.5) allows. The first failure: {first}. Fix the reward, or set "
+        "reward.max_error_fraction=1.0 to train on reward.fallback_reward for the samples it cannot score")
+    cfg = RewardConfig(name="math", num_workers=1, max_error_fraction=0.75)
+    with RewardManager(cfg, reward_fn=per_sample(fn)) as manager:
+        assert manager.score(batch)["reward/num_errors"] == 3.0
+
+
+def test_max_error_fraction_is_checked():
+    with pytest.raises(ValueError, match=r"max_error_fraction \(1.5\) must be in \[0, 1\]"):
+        RewardConfig(name="math", max_error_fraction=1.5)
