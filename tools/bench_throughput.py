@@ -51,6 +51,8 @@ def _train_args(p, model_flag: str) -> None:
                    help="ModelConfig.packed_rope for both sides: off = Megatron's per-sequence RoPE")
     p.add_argument("--compile-rope", default="off", choices=("off", "on", "auto"),
                    help="ModelConfig.compile_rope for both sides: torch.compile the packed RoPE rotation")
+    p.add_argument("--attention", default="sdpa", choices=("sdpa", "te"),
+                   help="train: both sides' layer spec, Megatron's local spec with torch SDPA or Transformer Engine's")
     p.add_argument("--train-lm-head", default="all", choices=("all", "loss_tokens"),
                    help="ModelConfig.lm_head of our update: all (the raw loop's work: logits at every position) or "
                         "loss_tokens (the trainer's default: only where the loss mask reads them; MFU then counts "
@@ -84,6 +86,8 @@ def _engine_args(p) -> None:
     p.add_argument("--rollout-mode", choices=("sync", "one_step_off_policy"), default="sync",
                    help="e2e: one_step_off_policy generates the next step's batch while this one trains, as "
                         "trainer.rollout_mode does (docs/async.md)")
+    p.add_argument("--rollout-attention", default="triton", choices=("triton", "fa3", "auto"),
+                   help="SGLang's attention backend on a GPU (auto: what rollout.attention_backend=auto picks)")
     p.add_argument("--max-total-tokens", type=int, default=32768, help="SGLang KV cache tokens on CPU")
     p.add_argument("--mem-fraction-static", type=float, default=None,
                    help="SGLang's share of GPU memory (default 0.35; lower it for larger models colocated)")
@@ -122,12 +126,14 @@ def _save_partial(result: dict, json_path: str | None) -> None:
 
 
 def run_engine_benches(args, names, world: int) -> dict:
+    import torch
     import torch.distributed as dist
 
     from mcore_rl.bench import common
     from mcore_rl.config.parallel import ParallelConfig
     from mcore_rl.models.arch import load_hf_config
     from mcore_rl.parallel import initialize
+    from mcore_rl.rollout.settings import gpu_attention_backend
 
     scratch = tempfile.TemporaryDirectory(prefix="bench_")  # the tiny model's folder; removed at exit
     path = common.model_folder(args.model, scratch.name) if int(os.environ.get("RANK", 0)) == 0 else None
@@ -142,6 +148,10 @@ def run_engine_benches(args, names, world: int) -> dict:
     result: dict = {"hf_model": args.model}
     _progress("starting the SGLang engine")
     overrides = {} if args.mem_fraction_static is None else {"mem_fraction_static": args.mem_fraction_static}
+    if torch.cuda.is_available():
+        overrides["attention_backend"] = args.rollout_attention
+        result["rollout.attention_backend"] = (args.rollout_attention if args.rollout_attention != "auto" else
+                                               gpu_attention_backend())
     engine = common.start_engine(path, args.max_total_tokens, **overrides) if dist.get_rank() == 0 else None
     try:
         prompts = common.random_prompts(args.prompts, args.prompt_len, hf["vocab_size"])
@@ -206,7 +216,8 @@ def main() -> None:
             result.update(run(args.train_model, args.seq_len, args.tokens, args.iters, args.train_warmup, args.dtype,
                               recompute=args.recompute, fast_optimizer=args.fast_optimizer,
                               fused_swiglu=args.fused_swiglu, lm_head=args.train_lm_head,
-                              packed_rope=args.packed_rope == "on", compile_rope=args.compile_rope))
+                              packed_rope=args.packed_rope == "on", compile_rope=args.compile_rope,
+                              attention=args.attention))
         if args.what in ENGINE_BENCHES or args.what == "all":
             names = ENGINE_BENCHES if args.what == "all" else (args.what,)
             result.update(run_engine_benches(args, names, world))

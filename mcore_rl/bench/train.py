@@ -117,13 +117,14 @@ class RawMegatron:
 def run(model: str = "qwen2.5-0.5b", seq_len: int = 2048, tokens_per_step: int = 16384, iters: int = 6,
         warmup: int = 2, dtype: str = "bf16", peak_tflops: float = 772.0, variable: bool = True,
         recompute: str = "none", fast_optimizer: str = "auto", fused_swiglu: str = "auto",
-        lm_head: str = "all", packed_rope: bool = True, compile_rope: str = "off") -> dict:
+        lm_head: str = "all", packed_rope: bool = True, compile_rope: str = "off", attention: str = "sdpa") -> dict:
     """Benchmark in this process (parallel state must be initialised with TP=PP=DP=1).
 
     lm_head: our update's ModelConfig.lm_head. all (default) does the raw loop's work, logits at every position;
     loss_tokens (the trainer's default) skips the positions the loss does not read (a quarter here), and the MFU
     then counts the output layer's FLOPs only where it ran. fused_swiglu, packed_rope, compile_rope: the
-    ModelConfig options of both sides (RoPE is process-wide: models/rope.py)."""
+    ModelConfig options of both sides (RoPE is process-wide: models/rope.py). attention: ModelConfig.attention of
+    both sides (sdpa: the local layer spec with torch SDPA; te: Transformer Engine's layer spec)."""
     from mcore_rl.config.model import ModelConfig
     from mcore_rl.config.optim import OptimConfig
     from mcore_rl.config.parallel import ParallelConfig
@@ -132,7 +133,7 @@ def run(model: str = "qwen2.5-0.5b", seq_len: int = 2048, tokens_per_step: int =
     from mcore_rl.models.lm_head import positions as logit_positions
 
     hf = MODELS[model]
-    model_cfg = ModelConfig(dtype=dtype, attention="sdpa", max_seq_len=seq_len, recompute=recompute,
+    model_cfg = ModelConfig(dtype=dtype, attention=attention, max_seq_len=seq_len, recompute=recompute,
                             fused_swiglu=fused_swiglu, lm_head=lm_head, packed_rope=packed_rope,
                             compile_rope=compile_rope)
     parallel = ParallelConfig()

@@ -25,7 +25,10 @@ class ModelConfig:
     dtype: str = "bf16"
     """Compute dtype of the weights: bf16 / fp16 keep fp32 master weights in the optimizer; fp32 is exact."""
     attention: str = "auto"
-    """auto: Transformer Engine when importable, else torch SDPA. sdpa / te / local force one."""
+    """auto: Megatron-Core's local layer spec with torch SDPA attention, and Transformer Engine's spec, where TE is
+    importable on a GPU, for what only it gives: sequence parallelism (parallel.sequence_parallel at TP > 1) and
+    mixture-of-experts grouped GEMMs. sdpa / te / local force one (TE's attention is slower than SDPA at small
+    sizes: docs/gpu.md)."""
     recompute: str = "none"
     """Activation recompute: none, selective (attention core only) or full (whole layers)."""
     recompute_num_layers: int = 1

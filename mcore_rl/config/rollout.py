@@ -41,8 +41,9 @@ class RolloutConfig:
     base_gpu_id: int = 0
     """First GPU the engine uses (colocated: usually 0; disaggregated: the first GPU after the trainer's)."""
     attention_backend: str | None = None
-    """None: torch_native on CPU, SGLang's choice on GPU (conf/rollout/gpu.yaml picks triton; fa3 is faster on
-    H100/H200 where its kernels are installed)."""
+    """None or auto: torch_native on CPU; on a GPU fa3 where sgl_kernel ships its FA3 kernels and the GPU is a
+    Hopper (H100/H200: about 40% faster decoding than triton there), else triton. Any SGLang backend name is
+    passed through (triton, fa3, flashinfer, torch_native, ...)."""
     sampling_backend: str | None = None
     """None: pytorch on CPU, SGLang's default on GPU."""
     grammar_backend: str | None = None
@@ -61,6 +62,11 @@ class RolloutConfig:
     enable_memory_saver: bool = False
     """Colocated on GPUs: lets release_memory() actually free the engine's GPU memory (needs the
     torch_memory_saver package; unavailable on CPU, where release/resume are accepted but free nothing)."""
+    release_while_training: bool | None = None
+    """Colocated: release the engine's weights and KV cache after each step's rollouts and take them back before
+    the weight sync, so the update gets that memory. None: on when enable_memory_saver (which makes the release
+    free GPU memory) and trainer.rollout_mode=sync; the other modes generate while the step trains. true without
+    the memory saver runs the same calls and frees nothing (CPU)."""
     context_length: int | None = None
     """Longest prompt + response; None = the checkpoint's max_position_embeddings."""
     random_seed: int = 0

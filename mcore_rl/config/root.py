@@ -157,8 +157,14 @@ class RLConfig:
     def _check_rollout_mode(self) -> None:
         """What the asynchronous rollout modes (trainer.rollout_mode) cannot serve."""
         t = self.trainer
+        if self.rollout.release_while_training is None:
+            self.rollout.release_while_training = self.rollout.enable_memory_saver and t.rollout_mode == "sync"
         if t.rollout_mode == "sync":
             return
+        if self.rollout.release_while_training:
+            raise ValueError(f"rollout.release_while_training=true frees the engine's memory while the step trains, "
+                             f"but trainer.rollout_mode={t.rollout_mode} generates then: set one of them back "
+                             "(release_while_training=null follows the mode)")
         specs = self.task_specs()
         if not any(s.is_rl for s in specs):
             raise ValueError(f"trainer.rollout_mode={t.rollout_mode} overlaps rollouts with training, but no task "

@@ -61,12 +61,17 @@ def te_available() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
 
 
-def use_te(model_cfg: ModelConfig) -> bool:
+def use_te(model_cfg: ModelConfig, sequence_parallel: bool = False, moe: bool = False) -> bool:
+    """Transformer Engine's layer spec or the local one. auto takes TE, where it is importable on a GPU, for what
+    only it gives: sequence parallelism at TP > 1, and a mixture of experts' grouped GEMMs. Elsewhere the local
+    spec with torch SDPA is the faster of the two (TE's attention was 1.8-2.2x slower than SDPA at 0.5B shapes on
+    the H200, docs/performance.md)."""
     if model_cfg.attention == "te":
         if not te_available():
             raise ValueError("model.attention=te but transformer_engine is not importable; use auto or sdpa")
         return True
-    return model_cfg.attention == "auto" and te_available() and torch.cuda.is_available()
+    return (model_cfg.attention == "auto" and (sequence_parallel or moe) and te_available()
+            and torch.cuda.is_available())
 
 
 def _rope(hf: dict) -> tuple[float, dict | None]:
@@ -209,7 +214,7 @@ def transformer_config(hf: dict, model_cfg: ModelConfig, parallel: ParallelConfi
         perform_initialization=True,
         init_method_std=hf.get("initializer_range", 0.02),
         variable_seq_lengths=variable_lengths,
-        moe_grouped_gemm=arch.moe and moe.grouped_gemm(model_cfg, use_te(model_cfg)),
+        moe_grouped_gemm=arch.moe and moe.grouped_gemm(model_cfg, use_te(model_cfg, sp, moe=True)),
         **moe_kwargs,
         masked_softmax_fusion=False,
         bias_activation_fusion=model_cfg.fused_swiglu == "on" or (model_cfg.fused_swiglu == "auto"
@@ -285,7 +290,8 @@ def build_model(
         moe.define_missing_te_names()
     if value_head:  # the critic is another network: the policy's routes are not its routing decisions
         cfg.moe_enable_routing_replay = False
-    spec = layer_spec(cfg, use_te(model_cfg), sliding_window(hf), model_cfg.packed_attention)  # MoE: from cfg
+    te = use_te(model_cfg, cfg.sequence_parallel, moe=bool(cfg.num_moe_experts))
+    spec = layer_spec(cfg, te, sliding_window(hf), model_cfg.packed_attention)  # MoE: from cfg
     # packed micro batches: RoPE in one call per layer, no host sync (models/rope.py)
     rope.install(model_cfg.packed_rope, model_cfg.compile_rope)
     info = ModelInfo(vocab_size=hf["vocab_size"], is_critic=value_head,

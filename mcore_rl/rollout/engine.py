@@ -78,6 +78,8 @@ class RolloutEngine:
         self._route_shape = _route_shape(model_path or cfg.model_path) if cfg.return_routed_experts else None
         self._released: set[str] = set()
         self._requests_may_run = False  # a generate() call failed: SGLang may still run its requests
+        self.attention_backend: str | None = None
+        """The attention backend the engine was started with (None: an attached server's own choice)."""
         self.backend: Backend
         if cfg.mode == "server" and cfg.server_url:
             from mcore_rl.rollout.server import ServerBackend
@@ -88,6 +90,7 @@ class RolloutEngine:
             path = model_path or cfg.model_path
             _check_model_path(path)
             args = server_args(cfg, path, custom_weight_loaders=LOADERS if weight_loaders else ())
+            self.attention_backend = args.get("attention_backend")
             if cfg.return_routed_experts:
                 args["enable_return_routed_experts"] = True
             from mcore_rl.rollout.launch_env import without_torchrun_env
@@ -247,6 +250,11 @@ class RolloutEngine:
                 raise RolloutEngineError(f"SGLang still runs requests {timeout_s:g} s after they were aborted "
                                          f"({message}); rollout.request_timeout_s bounds this wait")
             time.sleep(0.05)
+
+    @property
+    def released(self) -> frozenset[str]:
+        """The memory tags released and not resumed yet."""
+        return frozenset(self._released)
 
     def release_memory(self, tags: Sequence[str] = MEMORY_TAGS) -> None:
         """Colocated: give the engine's GPU memory (weights, KV cache) to training. CPU: accepted, frees nothing."""

@@ -32,6 +32,22 @@ def deterministic(cfg: RolloutConfig, device: str) -> bool:
     return device == "cpu" if cfg.deterministic is None else cfg.deterministic
 
 
+def gpu_attention_backend(gpu: int = 0) -> str:
+    """rollout.attention_backend=auto (or None) on a GPU: fa3 where sgl_kernel ships its FA3 kernels (the
+    flash_ops library, which slimmed installs leave out) and the GPU is a Hopper (compute capability 9.x, what
+    those kernels are built for), else triton."""
+    import importlib.util
+    from pathlib import Path
+
+    import torch
+
+    spec = importlib.util.find_spec("sgl_kernel")
+    dirs = list(spec.submodule_search_locations or []) if spec is not None else []
+    has_fa3 = any(any(Path(d).glob("flash_ops*.so")) for d in dirs)
+    hopper = torch.cuda.is_available() and torch.cuda.get_device_capability(gpu)[0] == 9
+    return "fa3" if has_fa3 and hopper else "triton"
+
+
 def server_args(cfg: RolloutConfig, model_path: str, custom_weight_loaders: Sequence[str] = ()) -> dict[str, Any]:
     """ServerArgs fields for `cfg` (None-valued fields are left to SGLang). custom_weight_loaders: dotted names of
     loaders SGLang registers besides any in cfg.extra_args (RolloutEngine passes mcore_rl.weight_sync.loaders')."""
@@ -54,6 +70,8 @@ def server_args(cfg: RolloutConfig, model_path: str, custom_weight_loaders: Sequ
     for name, cpu_value in CPU_DEFAULTS.items():
         value = getattr(cfg, name)
         args[name] = cpu_value if value is None and device == "cpu" else value
+    if cfg.attention_backend in (None, "auto"):
+        args["attention_backend"] = "torch_native" if device == "cpu" else gpu_attention_backend(cfg.base_gpu_id)
     args.update(cfg.extra_args)
     if custom_weight_loaders:
         args["custom_weight_loader"] = [*(args.get("custom_weight_loader") or []), *custom_weight_loaders]

@@ -64,6 +64,7 @@ def train(cfg: RLConfig) -> None:
             watchdog.set_phase("rollout", step)
             batches, m = collect_batches(run, scheduler, step)
             if batches:
+                m.update(run.release_rollout_memory())
                 watchdog.set_phase("update")
                 m.update(train_step(run, scheduler, batches))
                 m.update(watch_kl(run, kl_monitor, m))

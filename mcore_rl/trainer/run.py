@@ -140,10 +140,29 @@ class Run:
         finally:
             self.producer.sync_done()
 
+    def release_rollout_memory(self) -> dict[str, float]:
+        """Colocated, rollout.release_while_training: the engine gives its weights and KV cache to the update
+        until the weight sync takes them back (rank 0; the other ranks have no engine)."""
+        if self.rollout is None or not self.cfg.rollout.release_while_training:
+            return {}
+        t0 = time.perf_counter()
+        self.rollout.release_memory()
+        return {"timing/engine_release_s": time.perf_counter() - t0}
+
+    def _resume_rollout_memory(self) -> dict[str, float]:
+        if self.rollout is None or not self.rollout.released:
+            return {}
+        t0 = time.perf_counter()
+        if torch.cuda.is_available():  # the memory the update's allocator keeps cached goes back to the engine
+            torch.cuda.empty_cache()
+        self.rollout.resume_memory()
+        return {"timing/engine_resume_s": time.perf_counter() - t0}
+
     def _sync_weights(self, step: int) -> dict[str, float]:
+        resumed = self._resume_rollout_memory()  # resumed weights hold no values until the sync below
         t0 = time.perf_counter()
         engine_syncs = self.sync.sync()
-        m = {"timing/weight_sync_s": time.perf_counter() - t0}
+        m = {**resumed, "timing/weight_sync_s": time.perf_counter() - t0}
         if dist.get_rank() != 0:
             return m
         # The engine counts the syncs it completed since it started; the weights it now holds are the actor's
@@ -348,7 +367,8 @@ def start_rollout(cfg: RLConfig, model_path: str, stop: StopSignals | None):
         try:
             with stop.interrupting() if stop is not None else contextlib.nullcontext():
                 engine = RolloutEngine(cfg.rollout, model_path, weight_loaders=cfg.weight_sync.engine_loaders)
-            log.info("rollout engine ready in %.0f s", time.perf_counter() - t0)
+            log.info("rollout engine ready in %.0f s%s", time.perf_counter() - t0,
+                     f" (attention: {engine.attention_backend})" if engine.attention_backend else "")
         except (RolloutEngineError, ValueError, StopRequested) as e:
             outcome = e
         except Exception as e:  # anything else: still an engine that did not start, on every rank

@@ -52,6 +52,9 @@ def compose(*overrides):
     (["experiment=cpu_agent_calculator", "trainer.rollout_mode=async", "trainer.partial_rollouts=continue"],
      "cannot resume multi-turn trajectories in the middle of a turn (task grpo has an agent): set "
      "trainer.partial_rollouts=finish"),
+    (["trainer.rollout_mode=one_step_off_policy", "rollout.release_while_training=true"],
+     "rollout.release_while_training=true frees the engine's memory while the step trains, but "
+     "trainer.rollout_mode=one_step_off_policy generates then"),
     (["trainer.rollout_mode=async", "trainer.partial_rollouts=continue", "model.moe_routing_replay=true"],
      "a continued sample's routes would mix two weight versions"),
 ])
@@ -99,3 +102,12 @@ def test_required_fields_are_named_when_missing(override, key):
     with pytest.raises(MissingMandatoryValue) as e:
         compose(*extra, override)
     assert key in str(e.value)
+
+
+def test_release_while_training_follows_the_memory_saver_and_the_mode():
+    """null: the colocated engine's memory is released while training when the memory saver can free it and
+    nothing generates during the update (trainer.rollout_mode=sync)."""
+    assert compose("rollout=gpu", "rollout.enable_memory_saver=true").rollout.release_while_training is True
+    assert compose("rollout=gpu", "rollout.enable_memory_saver=true",
+                   "trainer.rollout_mode=one_step_off_policy").rollout.release_while_training is False
+    assert compose().rollout.release_while_training is False

@@ -89,3 +89,24 @@ def test_sliding_window_only_for_mistral():
     assert sliding_window(hf("mistral", sliding_window=4)) == 4
     assert sliding_window(hf("mistral", sliding_window=4, use_sliding_window=False)) is None
     assert sliding_window(hf("llama")) is None
+
+
+def test_auto_attention_takes_transformer_engine_only_for_what_needs_it(monkeypatch):
+    """model.attention=auto on a GPU with TE installed: the local SDPA spec for a dense model (faster there), TE's
+    spec for sequence parallelism and for MoE grouped GEMMs. (This machine has neither TE nor a GPU: both are
+    stood in for here; the TE path itself ran on an H100/H200, docs/gpu.md.)"""
+    from mcore_rl.config.model import ModelConfig
+    from mcore_rl.models import builder
+
+    monkeypatch.setattr(builder, "te_available", lambda: True)
+    monkeypatch.setattr(builder.torch.cuda, "is_available", lambda: True)
+    auto = ModelConfig(path="x", attention="auto")
+    assert builder.use_te(auto) is False
+    assert builder.use_te(auto, sequence_parallel=True) is True
+    assert builder.use_te(auto, moe=True) is True
+    assert builder.use_te(ModelConfig(path="x", attention="sdpa"), sequence_parallel=True, moe=True) is False
+    assert builder.use_te(ModelConfig(path="x", attention="te")) is True
+    monkeypatch.setattr(builder, "te_available", lambda: False)
+    assert builder.use_te(auto, sequence_parallel=True) is False
+    with pytest.raises(ValueError, match="model.attention=te but transformer_engine is not importable"):
+        builder.use_te(ModelConfig(path="x", attention="te"))

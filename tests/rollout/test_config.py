@@ -49,6 +49,17 @@ def test_cpu_settings_are_filled_in_without_cuda():
     assert gpu["attention_backend"] == "triton" and "disable_cuda_graph" not in gpu and gpu["cuda_graph_max_bs"] == 8
 
 
+def test_auto_attention_backend():
+    """auto (and None) is torch_native on CPU; on a GPU fa3 only where sgl_kernel has its FA3 kernels and the GPU
+    is a Hopper: this machine has no GPU, so a CUDA config resolves to triton here (the fa3 branch ran on an
+    H100/H200: docs/gpu.md)."""
+    assert server_args(RolloutConfig(device="cpu", attention_backend="auto"), "/m")["attention_backend"] == \
+        "torch_native"
+    for backend in ("auto", None):
+        assert server_args(RolloutConfig(device="cuda", attention_backend=backend), "/m")["attention_backend"] == \
+            "triton"
+
+
 def test_cli_flags():
     flags = to_cli({"model_path": "/m", "disable_cuda_graph": True, "enable_memory_saver": False, "tp_size": 2})
     assert flags == ["--model-path", "/m", "--disable-cuda-graph", "--tp-size", "2"]

@@ -66,12 +66,17 @@ def test_ppo_with_critic_and_kl_in_reward(tiny_model, arith_data, tmp_path):
 
 
 def test_grpo_tp2_matches_rollout_logprobs(tiny_model, arith_data, tmp_path):
+    """Also runs the colocated memory release (rollout.release_while_training, which frees nothing on CPU but
+    makes the same calls): the engine releases its weights after each rollout and resumes them before the sync,
+    and step 2's rollout log-probs, from the weights that sync wrote, still match the trainer's (_check_run)."""
     out = tmp_path / "tp2"
     run_train(2, tiny_overrides(tiny_model, arith_data, str(out)) + [
-        "parallel.tp=2", "trainer.total_steps=2", "trainer.export_hf=false", "actor.kl_loss_coef=0.01"])
+        "parallel.tp=2", "trainer.total_steps=2", "trainer.export_hf=false", "actor.kl_loss_coef=0.01",
+        "rollout.release_while_training=true"])
     rows = read_metrics(out)
     _check_run(rows, 2)
     assert rows[1]["actor/kl_loss"] is not None
+    assert all(r["timing/engine_release_s"] > 0 and r["timing/engine_resume_s"] > 0 for r in rows)
 
 
 def test_two_node_launch_through_hostfile(tiny_model, arith_data, tmp_path):
