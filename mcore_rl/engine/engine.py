@@ -126,6 +126,12 @@ class TrainEngine:
         """The number of micro batches must be a multiple of this (the interleaved schedule needs pp)."""
         return self.pp_size if len(self.model_chunks) > 1 else 1
 
+    @property
+    def sequence_multiple(self) -> int:
+        """A micro batch's sequence dimension must be a multiple of this: the TP size under sequence parallelism
+        (each TP rank holds one slice of it between the tensor-parallel regions), else 1."""
+        return self.config.tensor_model_parallel_size if self.config.sequence_parallel else 1
+
     # -- forward / backward -------------------------------------------------------------------------------
 
     def forward_backward(self, micro_batches: Sequence[MicroBatch], loss_fn: LossFn | None, *,

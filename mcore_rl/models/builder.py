@@ -26,7 +26,7 @@ from mcore_rl.config.model import ModelConfig
 from mcore_rl.config.parallel import ParallelConfig
 from mcore_rl.models import lm_head, moe, rope
 from mcore_rl.models.arch import resolve_arch
-from mcore_rl.models.specs import layer_spec
+from mcore_rl.models.specs import block_spec, layer_spec
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -308,7 +308,7 @@ def build_model(
         post = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
         model = GPTModel(
             config=cfg,
-            transformer_layer_spec=spec,
+            transformer_layer_spec=block_spec(cfg, spec, te, vp_stage),
             vocab_size=vocab,
             max_sequence_length=max(model_cfg.max_seq_len, hf.get("max_position_embeddings", 0)),
             pre_process=pre,

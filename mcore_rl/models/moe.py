@@ -137,9 +137,8 @@ def moe_fields(hf: dict, arch: ArchSpec, model_cfg: ModelConfig, parallel: Paral
     if parallel.tp > 1 and not parallel.sequence_parallel:
         raise ValueError(
             f"a mixture-of-experts model at parallel.tp ({parallel.tp}) > 1 needs parallel.sequence_parallel=true: "
-            "Megatron refuses to train MoE layers with tensor parallelism but without sequence parallelism (which "
-            "needs Transformer Engine norms, so GPUs only); split the experts with parallel.ep and parallel.etp and "
-            "keep parallel.tp=1 otherwise"
+            "Megatron refuses to train MoE layers with tensor parallelism but without sequence parallelism; set it, "
+            "or split the experts with parallel.ep and parallel.etp and keep parallel.tp=1"
         )
     if model_cfg.moe_token_dispatcher == "allgather" and parallel.pp > 1:
         raise ValueError(

@@ -268,7 +268,8 @@ def micro_batches(engine, seqs: Sequences | list[dict], max_tokens: int, keep_to
     if isinstance(seqs, Sequences):
         seqs = seqs.for_engine()
     return make_micro_batches(seqs, max_tokens, min_micro_batches=engine.pp_size,
-                              multiple_of=engine.micro_batch_multiple, keep_together=keep_together)
+                              multiple_of=engine.micro_batch_multiple, keep_together=keep_together,
+                              pad_to_multiple_of=engine.sequence_multiple)
 
 
 def gather_tokens(outputs, mbs, key: str):

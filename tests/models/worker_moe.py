@@ -45,7 +45,7 @@ def train(hf, path, parallel, steps=2, aux=(0.01, 0.001)):
     engine = TrainEngine(hf, cfg, parallel, OptimConfig(lr=1e-3, clip_grad=1.0, adam_eps=1e-6), model=built)
     dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
     mine = [s for i, s in enumerate(sequences()) if i % dp == dp_rank]
-    mbs = make_micro_batches(mine, micro_batch_size=2, packed=False)
+    mbs = make_micro_batches(mine, micro_batch_size=2, packed=False, pad_to_multiple_of=engine.sequence_multiple)
     norm = global_count(mbs, "loss_mask")
     losses, grad_norms = [], []
     for _ in range(steps):
@@ -82,7 +82,8 @@ def main():
     for lay in spec["layouts"]:
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
-        parallel = ParallelConfig(tp=lay["tp"], pp=lay["pp"], ep=lay["ep"], etp=lay.get("etp"))
+        parallel = ParallelConfig(tp=lay["tp"], pp=lay["pp"], ep=lay["ep"], etp=lay.get("etp"),
+                                  sequence_parallel=lay.get("sp", False))
         initialize(parallel)
         rank, world = dist.get_rank(), dist.get_world_size()
         for m in spec["models"]:

@@ -65,14 +65,17 @@ def test_ppo_with_critic_and_kl_in_reward(tiny_model, arith_data, tmp_path):
     assert rows[1]["kl"] > 0
 
 
-def test_grpo_tp2_matches_rollout_logprobs(tiny_model, arith_data, tmp_path):
-    """Also runs the colocated memory release (rollout.release_while_training, which frees nothing on CPU but
-    makes the same calls): the engine releases its weights after each rollout and resumes them before the sync,
-    and step 2's rollout log-probs, from the weights that sync wrote, still match the trainer's (_check_run)."""
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_grpo_tp2_matches_rollout_logprobs(tiny_model, arith_data, tmp_path, sequence_parallel):
+    """TP 2, with and without sequence parallelism (micro batches padded to a multiple of TP; the local spec's
+    norms sum their gradients over TP). Also runs the colocated memory release (rollout.release_while_training,
+    which frees nothing on CPU but makes the same calls): the engine releases its weights after each rollout and
+    resumes them before the sync, and step 2's rollout log-probs, from the weights that sync wrote, still match the
+    trainer's (_check_run)."""
     out = tmp_path / "tp2"
     run_train(2, tiny_overrides(tiny_model, arith_data, str(out)) + [
         "parallel.tp=2", "trainer.total_steps=2", "trainer.export_hf=false", "actor.kl_loss_coef=0.01",
-        "rollout.release_while_training=true"])
+        "rollout.release_while_training=true", f"parallel.sequence_parallel={str(sequence_parallel).lower()}"])
     rows = read_metrics(out)
     _check_run(rows, 2)
     assert rows[1]["actor/kl_loss"] is not None
