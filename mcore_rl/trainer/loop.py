@@ -72,6 +72,10 @@ def train(cfg: RLConfig) -> None:
                 m.update(run.sync_weights(step))
             m.update(memory_metrics())
             m["timing/step_s"] = time.perf_counter() - t_step
+            if step == run.start_step + 1:  # where the time before it went, once
+                line, startup = run.startup.summary(m["timing/step_s"])
+                m.update(startup)
+                log.info(line)
             run.metrics_log.log(step, m)
             due = (cfg.trainer.save_every and step % cfg.trainer.save_every == 0) or step == cfg.trainer.total_steps
             if due:

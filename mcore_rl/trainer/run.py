@@ -40,7 +40,10 @@ class Run:
 
         self.cfg = cfg
         follow_launcher()  # this worker and what it starts end when torchrun does, however torchrun ends
-        self.hf, self.model_path, tokenizer, layout = setup(cfg)
+        self.startup = StartupClock()
+        """Where the time before the first step goes (logged after it: loop.py)."""
+        with self.startup.phase("set-up"):
+            self.hf, self.model_path, tokenizer, layout = setup(cfg)
         # One run per output folder: rank 0 holds the lock for the run's lifetime; every rank hears the verdict.
         self.lock = None
         verdict = None
@@ -61,14 +64,16 @@ class Run:
                           ps.get_data_parallel_world_size(), score_temperature(cfg))
         self.ctx = ctx
         # datasets first: a bad row fails before the engines load
-        self.tasks = build_tasks(cfg, ctx, tokenizer, use_ref=use_ref)
+        with self.startup.phase("datasets"):
+            self.tasks = build_tasks(cfg, ctx, tokenizer, use_ref=use_ref)
         rl_tasks = [t for t in self.tasks if t.spec.is_rl]
         steps = cfg.trainer.total_steps
         actor_mini = 1 if cfg.multi_task else self.tasks[0].num_mini_batches
-        ctx.actor, ctx.ref, ctx.critic = build_engines(
-            cfg, self.hf, self.model_path, use_ref=use_ref, use_critic=cfg.critic.enabled,
-            actor_updates=steps * actor_mini * cfg.actor.ppo_epochs,
-            critic_updates=steps * cfg.critic.ppo_epochs * sum(t.num_mini_batches for t in rl_tasks))
+        with self.startup.phase("models"):
+            ctx.actor, ctx.ref, ctx.critic = build_engines(
+                cfg, self.hf, self.model_path, use_ref=use_ref, use_critic=cfg.critic.enabled,
+                actor_updates=steps * actor_mini * cfg.actor.ppo_epochs,
+                critic_updates=steps * cfg.critic.ppo_epochs * sum(t.num_mini_batches for t in rl_tasks))
         self.actor, self.ref, self.critic = ctx.actor, ctx.ref, ctx.critic
 
         self.start_step = 0
@@ -79,7 +84,8 @@ class Run:
         for partial in ckpt.remove_partial(cfg.trainer.output_dir) if self.lock is not None else []:
             log.info("removed %s: a checkpoint whose save did not finish (the run was killed while saving)", partial)
         if resume_from is not None:
-            self.resume_state = self._load(resume_from)
+            with self.startup.phase("checkpoint"):
+                self.resume_state = self._load(resume_from)
             self.start_step = int(self.resume_state["step"])
             self.last_checkpoint = resume_from
             log.info("resumed from %s at step %d", resume_from, self.start_step)
@@ -89,7 +95,8 @@ class Run:
         self.expected_syncs = 0
         if rl_tasks:
             try:
-                self.rollout = start_rollout(cfg, self.model_path, stop)
+                with self.startup.phase("rollout engine"):
+                    self.rollout = start_rollout(cfg, self.model_path, stop)
             except StopRequested as e:  # before this run's first step: say what there is to continue from
                 raise StopRequested(e.signal_name, f"before step {self.start_step + 1}; " + (
                     f"checkpoint {self.last_checkpoint}; continue with trainer.resume=auto" if self.last_checkpoint
@@ -270,6 +277,35 @@ class Run:
         destroy()
         if errors:
             raise errors[0]
+
+
+class StartupClock:
+    """Seconds of each start-up phase, and since this process started (its imports and Python's own start-up
+    are the part before the first phase)."""
+
+    def __init__(self):
+        import psutil
+
+        self.process_start = psutil.Process().create_time()
+        self.phases: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.perf_counter() - t0
+
+    def summary(self, first_step_s: float) -> tuple[str, dict[str, float]]:
+        """(the log line, the metrics) once the first step has run, first_step_s long."""
+        total = time.time() - self.process_start
+        parts = {**self.phases, "first step": first_step_s}
+        parts = {"imports": max(total - sum(parts.values()), 0.0), **parts}
+        line = f"first step done {total:.0f} s after the process started: " + ", ".join(
+            f"{name} {sec:.1f} s" for name, sec in parts.items())
+        metrics = {f"startup/{name.replace(' ', '_').replace('-', '_')}_s": sec for name, sec in parts.items()}
+        return line, {**metrics, "startup/total_s": total}
 
 
 def setup(cfg: RLConfig):
