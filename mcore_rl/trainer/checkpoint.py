@@ -142,7 +142,7 @@ def write_error(e: BaseException, folder: Path | None = None) -> OSError | None:
 
     seen = e
     while seen is not None:
-        if isinstance(seen, OSError) and seen.errno is not None:
+        if isinstance(seen, OSError) and seen.errno in FILE_ERRNOS:  # not a socket error: a launcher that died
             return seen
         m = re.search(r"\[Errno (\d+)\] ([^:'\"\n]+)", str(seen))
         if m and int(m.group(1)) in FILE_ERRNOS:  # not a peer's socket error in a collective

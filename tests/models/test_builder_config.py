@@ -94,7 +94,7 @@ def test_sliding_window_only_for_mistral():
 def test_auto_attention_takes_transformer_engine_only_for_what_needs_it(monkeypatch):
     """model.attention=auto on a GPU with TE installed: the local SDPA spec for a dense model (faster there), TE's
     spec for sequence parallelism and for MoE grouped GEMMs. (This machine has neither TE nor a GPU: both are
-    stood in for here; the TE path itself ran on an H100/H200, docs/gpu.md.)"""
+    stood in for here. The choice is what is tested; this project's TE spec has not run on a GPU yet.)"""
     from mcore_rl.config.model import ModelConfig
     from mcore_rl.models import builder
 

@@ -51,8 +51,8 @@ def test_cpu_settings_are_filled_in_without_cuda():
 
 def test_auto_attention_backend():
     """auto (and None) is torch_native on CPU; on a GPU fa3 only where sgl_kernel has its FA3 kernels and the GPU
-    is a Hopper: this machine has no GPU, so a CUDA config resolves to triton here (the fa3 branch ran on an
-    H100/H200: docs/gpu.md)."""
+    is a Hopper: this machine has no GPU, so a CUDA config resolves to triton here. On the H100 run of
+    2026-12-05, with the slimmed sgl_kernel (no FA3 kernels), auto took triton; the fa3 branch has not run yet."""
     assert server_args(RolloutConfig(device="cpu", attention_backend="auto"), "/m")["attention_backend"] == \
         "torch_native"
     for backend in ("auto", None):
