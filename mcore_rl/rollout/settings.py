@@ -37,15 +37,20 @@ def gpu_attention_backend(gpu: int = 0) -> str:
     flash_ops library, which slimmed installs leave out) and the GPU is a Hopper (compute capability 9.x, what
     those kernels are built for), else triton."""
     import importlib.util
+    import sys
     from pathlib import Path
 
     import torch
 
-    spec = importlib.util.find_spec("sgl_kernel")
-    dirs = list(spec.submodule_search_locations or []) if spec is not None else []
-    has_fa3 = any(any(Path(d).glob("flash_ops*.so")) for d in dirs)
-    hopper = torch.cuda.is_available() and torch.cuda.get_device_capability(gpu)[0] == 9
-    return "fa3" if has_fa3 and hopper else "triton"
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability(gpu)[0] == 9):
+        return "triton"
+    loaded = sys.modules.get("sgl_kernel")  # imported already (find_spec refuses a module without __spec__)
+    if loaded is not None:
+        dirs = list(getattr(loaded, "__path__", None) or [])
+    else:
+        spec = importlib.util.find_spec("sgl_kernel")
+        dirs = list(spec.submodule_search_locations or []) if spec is not None else []
+    return "fa3" if any(any(Path(d).glob("flash_ops*.so")) for d in dirs) else "triton"
 
 
 def server_args(cfg: RolloutConfig, model_path: str, custom_weight_loaders: Sequence[str] = ()) -> dict[str, Any]:

@@ -304,8 +304,8 @@ class StartupClock:
         parts = {"imports": max(total - sum(parts.values()), 0.0), **parts}
         line = f"first step done {total:.0f} s after the process started: " + ", ".join(
             f"{name} {sec:.1f} s" for name, sec in parts.items())
-        metrics = {f"startup/{name.replace(' ', '_').replace('-', '_')}_s": sec for name, sec in parts.items()}
-        return line, {**metrics, "startup/total_s": total}
+        metrics = {f"timing/startup/{name.replace(' ', '_').replace('-', '_')}_s": sec for name, sec in parts.items()}
+        return line, {**metrics, "timing/startup/total_s": total}
 
 
 def setup(cfg: RLConfig):

@@ -142,7 +142,9 @@ def test_resume_restores_scheduler_and_kl_monitor(tiny_model, arith_data, pairs_
     assert [r["step"] for r in b] == [1, 2, 3, 4]
     compared = 0
     for step in (2, 3):
-        assert a[step].keys() == b[step].keys(), step
+        # the same metrics, but for the start-up breakdown a run logs at its own first step (step 3 when resumed)
+        assert {k for k in a[step] if not k.startswith("timing/startup/")} == \
+            {k for k in b[step] if not k.startswith("timing/startup/")}, step
         for key, value in a[step].items():
             if key.startswith(("timing/", "throughput/", "weight_sync/gb_per_s", "rollout/engine_syncs",
                                "memory/")) or "/timing/" in key or "/throughput/" in key or value is None:
