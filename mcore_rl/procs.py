@@ -84,6 +84,16 @@ def kill_descendants(timeout_s: float = 3.0) -> int:
     return len(children)
 
 
+def end_worker(message: str, exit_code: int, grace_s: float) -> None:
+    """From a watcher thread: write `message` (one line) to stderr, end the processes this worker started, and exit
+    with `exit_code` at once (os._exit: no unwinding through threads that may be stuck). stderr directly: logging
+    may hold a lock another thread left taken."""
+    sys.stderr.write(f"mcore_rl: {message}\n")
+    sys.stderr.flush()
+    kill_descendants(grace_s)
+    os._exit(exit_code)
+
+
 def follow_launcher(poll_s: float = 0.5, grace_s: float = 3.0) -> threading.Thread | None:
     """Start a daemon thread that ends this process (and its descendants) within about poll_s + grace_s of its
     parent (the torchrun agent) dying. Returns the thread; None when the parent is already init (a process started
@@ -97,12 +107,8 @@ def follow_launcher(poll_s: float = 0.5, grace_s: float = 3.0) -> threading.Thre
             time.sleep(poll_s)
             if os.getppid() != parent:
                 break
-        # stderr directly: logging may hold a lock another thread left taken
-        sys.stderr.write(f"mcore_rl: the launcher (pid {parent}) is gone; stopping worker {os.getpid()} and the "
-                         "processes it started\n")
-        sys.stderr.flush()
-        kill_descendants(grace_s)
-        os._exit(ORPHANED_EXIT_CODE)
+        end_worker(f"the launcher (pid {parent}) is gone; stopping worker {os.getpid()} and the processes it "
+                   "started", ORPHANED_EXIT_CODE, grace_s)
 
     thread = threading.Thread(target=watch, name="mcore_rl-follow-launcher", daemon=True)
     thread.start()

@@ -18,12 +18,11 @@ No torch here.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from typing import Callable
 
-from mcore_rl.procs import kill_descendants
+from mcore_rl.procs import end_worker
 
 HUNG_EXIT_CODE = 1
 """Exit status of a worker the watchdog stopped."""
@@ -62,17 +61,13 @@ def start(timeout_s: float, rank: int, last_checkpoint: Callable[[], object] = l
                 break
         name, step, since = phase
         where = f"the {name} phase of step {step}" if step is not None else f"the {name} phase"
-        # stderr directly: logging may hold a lock the stuck thread left taken
-        sys.stderr.write(
-            f"mcore_rl: rank {rank}: {where} has not finished after {time.monotonic() - since:.0f} s "
+        end_worker(
+            f"rank {rank}: {where} has not finished after {time.monotonic() - since:.0f} s "
             f"(parallel.watchdog_s={timeout_s:g}): a collective is waiting for a rank that does not answer (stopped, "
             f"hung or dead; look for its error above), or this rank is stuck. Last checkpoint: "
             f"{last_checkpoint() or 'none this run'}; continue with trainer.resume=auto, or raise "
             f"parallel.watchdog_s if {name} legitimately takes longer. Stopping worker {os.getpid()} and the "
-            "processes it started\n")
-        sys.stderr.flush()
-        kill_descendants(grace_s)
-        os._exit(HUNG_EXIT_CODE)
+            "processes it started", HUNG_EXIT_CODE, grace_s)
 
     thread = threading.Thread(target=watch, name="mcore_rl-watchdog", daemon=True)
     thread.start()
