@@ -269,6 +269,25 @@ def _sigterm_workers(proc) -> list[int]:
     return tree
 
 
+def _phase_bounds(row: dict, phase: str) -> tuple[float, float]:
+    """Where `phase` (rollout, or update: the forward passes and the update) lay within the step of metrics row
+    `row`, in seconds from the step's start."""
+    if phase == "rollout":
+        return 0.0, row["timing/rollout_s"]
+    return row["timing/prepare_s"], row["timing/prepare_s"] + row["timing/train_s"]
+
+
+def _sleep_into_step_4(proc, out: Path, phase: str) -> float:
+    """Return a third into step 4's rollout or in the middle of its update, aimed from step 2's timings (steps 2
+    on take alike; the rollout is the shorter phase, and it varies); the value is step 4's start (monotonic)."""
+    lo, hi = _phase_bounds(_wait_for_rows(proc, out, 2)[-1], phase)
+    _wait_for_rows(proc, out, 3)
+    step_start = time.monotonic()  # step 4 starts as step 3's row is written
+    aim = lo + (hi - lo) / (3 if phase == "rollout" else 2)
+    time.sleep(max(0.0, aim - (time.monotonic() - step_start)))
+    return step_start
+
+
 def _wait_for_rows(proc, out: Path, num_rows: int) -> list[dict]:
     """Until metrics.jsonl has num_rows rows (polled every 50 ms: the next step starts as a row is written)."""
     deadline = time.monotonic() + START_BOUND_S
@@ -316,23 +335,13 @@ def test_sigterm_mid_phase_saves_the_step_and_resume_continues(phase, tiny_model
     common = tiny_overrides(tiny_model, arith_data, str(out)) + ["trainer.export_hf=false", "trainer.save_every=0",
                                                                  *SLOW_STEP]
     proc = _launch(common + ["trainer.total_steps=100000"], log_path)
-
-    def bounds(row: dict) -> tuple[float, float]:  # the phase within its step, in seconds from the step's start
-        if phase == "rollout":
-            return 0.0, row["timing/rollout_s"]
-        return row["timing/prepare_s"], row["timing/prepare_s"] + row["timing/train_s"]
-
     try:
-        lo, hi = bounds(_wait_for_rows(proc, out, 2)[-1])
-        _wait_for_rows(proc, out, 3)
-        step_start = time.monotonic()  # step 4 starts as step 3's row is written
-        aim = lo + (hi - lo) / (3 if phase == "rollout" else 2)  # the rollout is the shorter phase, and it varies
-        time.sleep(max(0.0, aim - (time.monotonic() - step_start)))
+        step_start = _sleep_into_step_4(proc, out, phase)
         run_pids = _sigterm_workers(proc)
         sent_at = time.monotonic() - step_start
         exit_s, line = _stopped(proc, run_pids, log_path)
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-        lo4, hi4 = bounds(rows[-1])
+        lo4, hi4 = _phase_bounds(rows[-1], phase)
         assert rows[-1]["step"] == 4 and lo4 < sent_at < hi4, (sent_at, lo4, hi4, rows[-1])
         saved = int((out / "checkpoints" / "latest").read_text().strip().split("_")[1])
         assert saved == 4 and "stopped by SIGTERM after step 4; checkpoint" in line and "resume=auto" in line, line

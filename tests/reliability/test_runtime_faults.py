@@ -26,7 +26,7 @@ import psutil
 import pytest
 
 from tests.reliability.test_crash_safety import (EXIT_BOUND_S, SLOW_STEP, START_BOUND_S, _ended, _launch, _living,
-                                                 _of_run, _our_tracebacks, _run_port, _stop, _wait_for_rows,
+                                                 _of_run, _our_tracebacks, _run_port, _sleep_into_step_4, _stop,
                                                  _wait_for_step, _wait_until_gone, _workers)
 from tests.trainer.conftest import run_train, tiny_overrides
 
@@ -258,18 +258,8 @@ def test_ctrl_c_mid_phase_stops_cleanly(phase, tiny_model, arith_data, tmp_path,
     out, log_path = tmp_path / "run", tmp_path / "run.log"
     proc = _launch(tiny_overrides(tiny_model, arith_data, str(out)) + [
         "trainer.export_hf=false", "trainer.save_every=2", "trainer.total_steps=100000", *SLOW_STEP], log_path)
-
-    def bounds(row: dict) -> tuple[float, float]:
-        if phase == "rollout":
-            return 0.0, row["timing/rollout_s"]
-        return row["timing/prepare_s"], row["timing/prepare_s"] + row["timing/train_s"]
-
     try:
-        lo, hi = bounds(_wait_for_rows(proc, out, 2)[-1])
-        _wait_for_rows(proc, out, 3)
-        step_start = time.monotonic()
-        aim = lo + (hi - lo) / (3 if phase == "rollout" else 2)
-        time.sleep(max(0.0, aim - (time.monotonic() - step_start)))
+        _sleep_into_step_4(proc, out, phase)
         port = _run_port(proc)
         run_pids = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
         os.killpg(proc.pid, signal.SIGINT)
