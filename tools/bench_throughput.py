@@ -86,6 +86,9 @@ def _engine_args(p) -> None:
     p.add_argument("--rollout-mode", choices=("sync", "one_step_off_policy"), default="sync",
                    help="e2e: one_step_off_policy generates the next step's batch while this one trains, as "
                         "trainer.rollout_mode does (docs/async.md)")
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="e2e: one more step of each side under torch.profiler; per-phase wall and GPU busy time "
+                        "(e2e.profile.*) and DIR/e2e_profile.txt with the top operators")
     p.add_argument("--rollout-attention", default="triton", choices=("triton", "fa3", "auto"),
                    help="SGLang's attention backend on a GPU (auto: what rollout.attention_backend=auto picks)")
     p.add_argument("--max-total-tokens", type=int, default=32768, help="SGLang KV cache tokens on CPU")
@@ -180,7 +183,7 @@ def run_engine_benches(args, names, world: int) -> dict:
             result.update(e2e.run(engine, actor, ref, hf, prompts, args.n, args.max_new_tokens, args.bucket_mb << 20,
                                   args.max_tokens_per_micro_batch, args.repeats, args.warmup, args.old_logprobs,
                                   "auto" if args.sync_layout == "all" else args.sync_layout,
-                                  args.forward_max_tokens_per_micro_batch, args.rollout_mode))
+                                  args.forward_max_tokens_per_micro_batch, args.rollout_mode, args.profile))
         if args.json and os.path.exists(args.json + ".partial"):  # complete: main writes args.json
             os.remove(args.json + ".partial")
     finally:

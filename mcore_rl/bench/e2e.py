@@ -23,13 +23,27 @@ starts generating the next step's batch, on a thread, with the weights it trains
 passes and update, waits for that generation to finish (`e2e.sync_wait_s`) and syncs. `e2e.rollout_s` is then
 the time a step waited for its batch (0 once generation keeps ahead), and the ratio can exceed 1: the raw parts
 run one after the other.
+
+With a profile directory (`--profile DIR`), one more step of ours and one of the raw parts run under
+torch.profiler after the timed ones: `e2e.profile.{phase}.{wall,device_busy}_s` say, per phase, how long it took and
+how long the GPU ran kernels in it (a phase whose busy time is well below its wall time waits on the host), and
+DIR/e2e_profile.txt has the top operators of both sides by GPU and by host time.
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
+from torch.profiler import record_function
 
 from mcore_rl.bench.common import median, raw_sglang, timed
+
+
+def phase(name: str, fn):
+    """timed(fn), marked `name` for the profiler."""
+    with record_function(name):
+        return timed(fn)
 
 
 def _pg_kl_loss(num_tokens: float, with_ref: bool, on_policy: bool, kl_coef: float = 0.001):
@@ -93,10 +107,10 @@ class GRPOStep:
         if self.overlap:
             if self._next is None:  # the first step has nothing generated ahead
                 self._next = run_in_thread(generate)
-            t["rollout"], batch = timed(self._next.result)
+            t["rollout"], batch = phase("e2e.rollout", self._next.result)
             self._next = run_in_thread(generate)  # the next step's batch, with the weights this step trains from
         else:
-            t["rollout"], batch = timed(generate)
+            t["rollout"], batch = phase("e2e.rollout", generate)
         samples = batch.samples
         seqs = []
         for s in samples:
@@ -109,9 +123,9 @@ class GRPOStep:
             mbs = make_micro_batches(seqs, self.forward_max_tokens)
             return gather_tokens(engine.compute_logprobs(mbs), mbs, "logprobs")
 
-        t["old_logprobs"], old = timed(lambda: logprobs(self.actor)) if self.recompute else (0.0, None)
+        t["old_logprobs"], old = phase("e2e.old_logprobs", lambda: logprobs(self.actor)) if self.recompute else (0.0, None)
         if self.ref is not None:
-            t["ref_logprobs"], ref = timed(lambda: logprobs(self.ref))
+            t["ref_logprobs"], ref = phase("e2e.ref_logprobs", lambda: logprobs(self.ref))
 
         def update():
             # synthetic reward: share of even token ids in the response (varies within a group)
@@ -131,10 +145,10 @@ class GRPOStep:
             num_tokens = float(sum(seq["loss_mask"].sum() for seq in seqs))
             self.actor.train_step(train_mbs, _pg_kl_loss(num_tokens, self.ref is not None, not self.recompute))
 
-        t["update"], _ = timed(update)
+        t["update"], _ = phase("e2e.update", update)
         if self.overlap:  # a sync waits for the generation in flight (trainer.partial_rollouts=finish)
-            t["sync_wait"], _ = timed(self._next.exception)
-        t["sync"], _ = timed(self.sync.sync)
+            t["sync_wait"], _ = phase("e2e.sync_wait", self._next.exception)
+        t["sync"], _ = phase("e2e.sync", self.sync.sync)
         self.last = t
         self.last_ids = torch.stack([s["input_ids"] for s in seqs])
         self.nbytes = self.sync.last_bytes
@@ -144,7 +158,7 @@ class GRPOStep:
 def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_tokens: int, bucket_bytes: int,
         max_tokens_per_micro_batch: int = 4096, repeats: int = 2, warmup: int = 1,
         old_logprobs: str = "auto", sync_layout: str = "auto", forward_max_tokens: int = 0,
-        rollout_mode: str = "sync") -> dict:
+        rollout_mode: str = "sync", profile_dir: str | None = None) -> dict:
     from mcore_rl.bench.common import model_dtype
     from mcore_rl.bench.train import RawMegatron
     from mcore_rl.bench.weight_sync import PlainCopy, baseline_exporter
@@ -162,11 +176,11 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
     copy = PlainCopy(baseline_exporter(step.sync, actor.model_chunks, hf, bucket_bytes))
 
     def raw_parts() -> dict[str, float]:
-        gen, _ = timed(lambda: raw.generate(input_ids=raw_ids, sampling_params=raw_params, return_logprob=True))
+        gen, _ = phase("raw.rollout", lambda: raw.generate(input_ids=raw_ids, sampling_params=raw_params, return_logprob=True))
         ids = step.last_ids.to(raw_train.device)  # same token ids as our last update
         # micro batches of at most the token budget our update packs into one micro batch
-        upd, _ = timed(lambda: raw_train.step(ids, max(1, max_tokens_per_micro_batch // ids.size(1))))
-        cp, _ = timed(copy)
+        upd, _ = phase("raw.update", lambda: raw_train.step(ids, max(1, max_tokens_per_micro_batch // ids.size(1))))
+        cp, _ = phase("raw.sync", copy)
         return {"rollout": gen, "update": upd, "sync": cp}
 
     for _ in range(warmup):
@@ -191,5 +205,40 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
     for part in theirs[0]:
         out[f"e2e.raw_{part}_s"] = median([r[part] for r in theirs])
     out["e2e.other_s"] = out["e2e.step_s"] - sum(out[f"e2e.{p}_s"] for p in ours[0])
+    if profile_dir:
+        out.update(_profile(lambda: step(prompts, n, sampling), raw_parts, profile_dir))
     del raw_train
     return out
+
+
+def _profile(our_step, raw_parts, out_dir: str) -> dict:
+    """One step of each side under torch.profiler: per phase (the `phase` marks) its wall time and the GPU's busy
+    time within it; the operator tables go to out_dir/e2e_profile.txt."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from mcore_rl.bench.profile_train import _table
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    result, tables = {}, []
+    for side, fn in (("ours", our_step), ("raw", raw_parts)):
+        with profile(activities=activities) as prof:
+            fn()
+        events = prof.events()
+        marks = [e for e in events if e.name.startswith(("e2e.", "raw.")) and e.device_type.name == "CPU"]
+        kernels = [e for e in events if e.device_type.name != "CPU" and not e.name.startswith(("e2e.", "raw."))
+                   and not getattr(e, "is_user_annotation", False)]
+        lines = []
+        for m in marks:
+            lo, hi = m.time_range.start, m.time_range.end
+            busy = sum(k.time_range.elapsed_us() for k in kernels if lo <= k.time_range.start < hi) / 1e6
+            wall = (hi - lo) / 1e6
+            key = m.name.replace("e2e.", "e2e.profile.").replace("raw.", "e2e.profile.raw_")
+            result[f"{key}.wall_s"], result[f"{key}.device_busy_s"] = wall, busy
+            lines.append(f"{m.name}: wall {wall:.4f} s, GPU busy {busy:.4f} s")
+        tables.append(f"==== {side}\n" + "\n".join(lines) + "\n" + _table(prof, 40)
+                      + "\n-- by host time\n" + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25,
+                                                                          max_name_column_width=70))
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "e2e_profile.txt"), "w") as f:
+        f.write("\n\n".join(tables))
+    return result

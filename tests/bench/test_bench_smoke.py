@@ -54,11 +54,13 @@ def test_all_writes_every_figure(tmp_path, model):
 
 
 def test_e2e_one_step_off_policy_writes_its_figures(tmp_path):
-    """e2e --rollout-mode one_step_off_policy (the next batch generated on a thread while the step trains)."""
+    """e2e --rollout-mode one_step_off_policy (the next batch generated on a thread while the step trains), with
+    --profile: one more step of each side under torch.profiler, per-phase times and the operator tables."""
     out = tmp_path / "bench.json"
     cmd = [sys.executable, str(ROOT / "tools" / "bench_throughput.py"), "--json", str(out), "e2e",
            "--model", "tiny", "--prompts", "2", "--n", "2", "--prompt-len", "4", "--max-new-tokens", "4",
-           "--repeats", "2", "--warmup", "1", "--max-total-tokens", "2048", "--rollout-mode", "one_step_off_policy"]
+           "--repeats", "2", "--warmup", "1", "--max-total-tokens", "2048", "--rollout-mode", "one_step_off_policy",
+           "--profile", str(tmp_path / "prof")]
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", MASTER_PORT=str(free_port()))
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
@@ -68,3 +70,9 @@ def test_e2e_one_step_off_policy_writes_its_figures(tmp_path):
     for key in ("e2e.step_s", "e2e.ratio_vs_raw_parts", "e2e.update_s", "e2e.sync_s"):
         assert math.isfinite(figures[key]) and figures[key] > 0, (key, figures.get(key))
     assert figures["e2e.sync_wait_s"] >= 0 and figures["e2e.rollout_s"] >= 0
+    # the profiled step: every phase of both sides timed (no GPU here, so no kernel time)
+    for key in ("rollout", "update", "sync", "raw_rollout", "raw_update", "raw_sync"):
+        assert figures[f"e2e.profile.{key}.wall_s"] > 0, key
+        assert figures[f"e2e.profile.{key}.device_busy_s"] == 0, key
+    tables = (tmp_path / "prof" / "e2e_profile.txt").read_text()
+    assert "==== ours" in tables and "==== raw" in tables and "e2e.update: wall" in tables
