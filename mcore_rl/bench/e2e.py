@@ -123,7 +123,8 @@ class GRPOStep:
             mbs = make_micro_batches(seqs, self.forward_max_tokens)
             return gather_tokens(engine.compute_logprobs(mbs), mbs, "logprobs")
 
-        t["old_logprobs"], old = phase("e2e.old_logprobs", lambda: logprobs(self.actor)) if self.recompute else (0.0, None)
+        t["old_logprobs"], old = (phase("e2e.old_logprobs", lambda: logprobs(self.actor)) if self.recompute
+                                  else (0.0, None))
         if self.ref is not None:
             t["ref_logprobs"], ref = phase("e2e.ref_logprobs", lambda: logprobs(self.ref))
 
@@ -176,7 +177,8 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
     copy = PlainCopy(baseline_exporter(step.sync, actor.model_chunks, hf, bucket_bytes))
 
     def raw_parts() -> dict[str, float]:
-        gen, _ = phase("raw.rollout", lambda: raw.generate(input_ids=raw_ids, sampling_params=raw_params, return_logprob=True))
+        gen, _ = phase("raw.rollout", lambda: raw.generate(input_ids=raw_ids, sampling_params=raw_params,
+                                                           return_logprob=True))
         ids = step.last_ids.to(raw_train.device)  # same token ids as our last update
         # micro batches of at most the token budget our update packs into one micro batch
         upd, _ = phase("raw.update", lambda: raw_train.step(ids, max(1, max_tokens_per_micro_batch // ids.size(1))))
