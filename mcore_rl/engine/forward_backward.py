@@ -196,8 +196,9 @@ def forward_backward(chunks: Sequence, micro_batches: Sequence[MicroBatch], loss
             if router_hooks is not None:
                 scope.enter_context(router_hooks.micro_batch(mb.fields.get(ROUTES), mb.valid_mask,
                                                              measure=not forward_only))
+            extra = {} if padding[index] is None else {"padding_mask": _stage_padding(unwrap(model), padding[index])}
             output = model(input_ids=mb.input_ids, position_ids=mb.position_ids, attention_mask=None,
-                           packed_seq_params=mb.packed_seq_params)
+                           packed_seq_params=mb.packed_seq_params, **extra)
         return output, partial(loss_func, index, mb, positions)
 
     caller_shapes = [mb.input_ids.shape for mb in micro_batches]
@@ -211,26 +212,25 @@ def forward_backward(chunks: Sequence, micro_batches: Sequence[MicroBatch], loss
     mode = info.lm_head if logit_rows is not None else "all"
     selects = any(lm_head.selects_rows(m, mode) for m in models)
     logit_positions = []  # None for a micro batch without a loss mask: every position then
+    # MoE routers leave padding out of the load-balancing and z losses (Megatron's padding_mask: True on padding)
+    padding: list[torch.Tensor | None] = []
     for mb in micro_batches:
         found = lm_head.positions(mb["loss_mask"]) if selects and "loss_mask" in mb.fields else None
         mb.to(device)
         logit_positions.append(None if found is None else (tuple(p.to(device) for p in found[0]), found[1]))
+        padded = router_hooks is not None and mb.num_tokens < mb.input_ids.numel()
+        padding.append(~mb.valid_mask if padded else None)
     # Each chunk walks through all micro batches in order; the schedule interleaves the chunks.
     iterators = [iter(list(enumerate(micro_batches))) for _ in chunks]
     for c in chunks:
         c.train(not forward_only)
     if router_hooks is not None:
         router_hooks.begin_pass()
-    with torch.no_grad() if forward_only else torch.enable_grad():
-        get_forward_backward_func()(
-            forward_step_func=forward_step,
-            data_iterator=iterators if len(chunks) > 1 else iterators[0],
-            model=chunks if len(chunks) > 1 else chunks[0],
-            num_microbatches=n,
-            seq_length=max(mb.input_ids.size(1) for mb in micro_batches),  # p2p shapes are exchanged anyway
-            micro_batch_size=max(mb.input_ids.size(0) for mb in micro_batches),
-            forward_only=forward_only,
-        )
+    with contextlib.ExitStack() as scope:
+        if not forward_only and router_hooks is not None and router_hooks.has_losses:
+            # the routers' aux and z losses as token means over this pass (one host sync; MoE with those losses)
+            scope.enter_context(router_hooks.token_mean(max(global_count(micro_batches, None), 1.0)))
+        _run_schedule(chunks, micro_batches, iterators, forward_step, forward_only)
     if router_hooks is not None:
         router_hooks.end_pass()
     pending = _sum_scalars(losses, metric_values, device)
@@ -242,6 +242,31 @@ def forward_backward(chunks: Sequence, micro_batches: Sequence[MicroBatch], loss
                    for out, shape in zip(outputs, caller_shapes)]
     return ForwardBackwardResult(loss, metrics, outputs if collect_outputs else None,
                                  pending if defer_scalars else None)
+
+
+def _run_schedule(chunks, micro_batches, iterators, forward_step, forward_only: bool) -> None:
+    with torch.no_grad() if forward_only else torch.enable_grad():
+        get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iterators if len(chunks) > 1 else iterators[0],
+            model=chunks if len(chunks) > 1 else chunks[0],
+            num_microbatches=len(micro_batches),
+            seq_length=max(mb.input_ids.size(1) for mb in micro_batches),  # p2p shapes are exchanged anyway
+            micro_batch_size=max(mb.input_ids.size(0) for mb in micro_batches),
+            forward_only=forward_only,
+        )
+
+
+def _stage_padding(model, padding: torch.Tensor) -> torch.Tensor:
+    """The padding mask [b, s] as this pipeline stage's model call takes it. The first stage takes the full mask
+    and scatters it over the sequence-parallel ranks itself; later stages pass it to their routers as it is, so
+    with sequence parallelism they get this tensor-parallel rank's slice of s here."""
+    if getattr(model, "pre_process", True) or not model.config.sequence_parallel:
+        return padding
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    chunk = padding.size(1) // tp
+    rank = parallel_state.get_tensor_model_parallel_rank()
+    return padding[:, rank * chunk:(rank + 1) * chunk]
 
 
 def _sum_scalars(losses, metric_values, device) -> tuple[torch.Tensor | None, list[str]]:

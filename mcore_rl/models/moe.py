@@ -192,6 +192,10 @@ class RouterHooks:
         self.topk = config.moe_router_topk
         self.sequence_parallel = bool(config.sequence_parallel)
         self.replay = bool(config.moe_enable_routing_replay)
+        # the configs the routers read their loss coefficients from (one object, shared by every layer, in practice)
+        self._configs = list({id(r.config): r.config for r in self.routers}.values())
+        self.aux_coeff = float(config.moe_aux_loss_coeff or 0.0)
+        self.z_coeff = float(config.moe_z_loss_coeff or 0.0)
         self._inside = False  # in a micro batch's forward call (not in a backward recompute)
         self._measure = False
         self._routes: torch.Tensor | None = None  # [N, L, K] int64, router token order (s-major, then b)
@@ -210,6 +214,50 @@ class RouterHooks:
                 router.router_replay.clear_router_replay_action()
 
     end_pass = begin_pass
+
+    def _tp_share(self) -> int:
+        if not self.sequence_parallel:
+            return 1
+        from megatron.core import parallel_state
+
+        return parallel_state.get_tensor_model_parallel_world_size()
+
+    @property
+    def has_losses(self) -> bool:
+        """Whether training passes add a load-balancing or z-loss to the gradients."""
+        return self.aux_coeff > 0 or self.z_coeff > 0
+
+    @contextlib.contextmanager
+    def token_mean(self, total_tokens: float):
+        """Around a training pass over `total_tokens` real tokens (all its micro batches, all data-parallel ranks):
+        the aux and z losses enter the gradients as coeff x their token-weighted mean over the pass.
+
+        Megatron's routers, in per-token-loss mode, multiply each micro batch's aux and z loss by its real token
+        count and leave the division by the pass's total to finalize_model_grads. The engine's finalize step does
+        not divide (its losses arrive normalised), so the coefficients are divided here instead. The routers copy
+        calculate_per_token_loss from the config when they are built, before the engine turns it on
+        (forward_backward.configure_model_config), so it is turned on for them here too. Both for this pass only.
+
+        With sequence parallelism each tensor-parallel rank routes its slice of a micro batch, its share of the
+        losses is multiplied by its own token count, and the router's gradient is summed over the ranks: the
+        coefficients are multiplied by the TP size to make up for the slices. That is exact when the slices hold
+        equal numbers of real tokens; a micro batch padded to a multiple of TP puts its padding (fewer than TP
+        tokens) in the last slice, which then weighs its part of the micro batch's losses slightly less."""
+        flags = [r.calculate_per_token_loss for r in self.routers]
+        for r in self.routers:
+            r.calculate_per_token_loss = True
+        scale = self._tp_share() / total_tokens
+        for c in self._configs:
+            c.moe_aux_loss_coeff = self.aux_coeff * scale
+            c.moe_z_loss_coeff = self.z_coeff * scale if self.z_coeff > 0 else None
+        try:
+            yield
+        finally:
+            for r, flag in zip(self.routers, flags):
+                r.calculate_per_token_loss = flag
+            for c in self._configs:
+                c.moe_aux_loss_coeff = self.aux_coeff
+                c.moe_z_loss_coeff = self.z_coeff if self.z_coeff > 0 else None
 
     @contextlib.contextmanager
     def micro_batch(self, routes: torch.Tensor | None, valid_mask: torch.Tensor, measure: bool):

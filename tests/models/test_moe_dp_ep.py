@@ -7,10 +7,10 @@ gloo processes (one launch of worker_moe.py), where dense data parallelism (DP 4
     ep4       DP 4 x EP 4: one expert per rank, expert DP 1
     ep2_etp2  DP 4 x EP 2 x expert-TP 2: each expert's matrices split over 2 ranks, expert DP 1 (routed tokens are
               gathered over the expert-TP group with uneven sizes: megatron_on_cpu's stand-ins)
-    pp2_ep2   PP 2 x DP 2 x EP 2 (aux losses off, see test_moe_parity.py), against ep1 with aux losses off
+    pp2_ep2   PP 2 x DP 2 x EP 2
     tp2_ep2   TP 2 x DP 2 x EP 2 with sequence parallelism (which Megatron requires for MoE at TP > 1; the local
-              spec's norms are models/specs.py TorchNorm), aux losses off (its micro batches pad to a multiple of
-              TP, and the aux loss counts padding), against ep1 with aux losses off
+              spec's norms are models/specs.py TorchNorm), aux and z losses on (the sequences have even lengths:
+              see worker_moe.sequences)
 
 Each rank trains on its dense-DP share of the same 8 sequences with the loss normalised by the global token count,
 so every layout computes the same sums in another order: losses and gradient norms within 1e-6 relative of ep1
@@ -36,9 +36,8 @@ LAYOUTS = [
     {"name": "ep2", "tp": 1, "pp": 1, "ep": 2},
     {"name": "ep4", "tp": 1, "pp": 1, "ep": 4},
     {"name": "ep2_etp2", "tp": 1, "pp": 1, "ep": 2, "etp": 2},
-    {"name": "ep1_noaux", "tp": 1, "pp": 1, "ep": 1, "aux": [0.0, 0.0]},
-    {"name": "pp2_ep2_noaux", "tp": 1, "pp": 2, "ep": 2, "aux": [0.0, 0.0]},
-    {"name": "tp2_ep2_sp_noaux", "tp": 2, "pp": 1, "ep": 2, "sp": True, "aux": [0.0, 0.0]},
+    {"name": "pp2_ep2", "tp": 1, "pp": 2, "ep": 2},
+    {"name": "tp2_ep2_sp", "tp": 2, "pp": 1, "ep": 2, "sp": True},
 ]
 
 pytestmark = pytest.mark.slow
@@ -72,7 +71,7 @@ def results(tmp_path_factory) -> dict[tuple[str, str], list[dict]]:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_experts_per_rank(results, arch):
-    expected = {"ep1": 4, "ep2": 2, "ep4": 1, "ep2_etp2": 2, "pp2_ep2_noaux": 2, "tp2_ep2_sp_noaux": 2}
+    expected = {"ep1": 4, "ep2": 2, "ep4": 1, "ep2_etp2": 2, "pp2_ep2": 2, "tp2_ep2_sp": 2}
     got = {lay: sorted({c["num_local_experts"] for c in results[(lay, arch)]}) for lay in expected}
     assert got == {lay: [n] for lay, n in expected.items()}
 
@@ -91,7 +90,7 @@ def test_logits_and_export(results, layout, arch):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("layout, reference", [("ep2", "ep1"), ("ep4", "ep1"), ("ep2_etp2", "ep1"),
-                                                ("pp2_ep2_noaux", "ep1_noaux"), ("tp2_ep2_sp_noaux", "ep1_noaux")])
+                                                ("pp2_ep2", "ep1"), ("tp2_ep2_sp", "ep1")])
 def test_training_matches_ep1(results, layout, reference, arch):
     ref = results[(reference, arch)][0]["train"]
     for case in results[(layout, arch)]:

@@ -9,8 +9,9 @@ flip would move a logit by 0.1 or more).
 Weights exported back are compared bit for bit (the bridge only slices and concatenates).
 Training (two Adam steps, aux loss 0.01 and z-loss 0.001): EP2 vs EP1 losses within 1e-6 relative and grad norms
 within 1e-6 relative (observed: losses 1.3e-7, grad norms 4e-8): expert parallelism moves tokens, not sums, except
-for the order of the DP gradient all-reduce of the experts. PP2 is checked with the aux losses off (see docs/moe.md:
-with them on, PP2's gradients differ by 0.3%, an open finding).
+for the order of the DP gradient all-reduce of the experts; PP2 (one data-parallel rank) vs EP1 (two) the same,
+with the aux losses on: the engine weights them as token means over the whole update (docs/moe.md), and each
+micro batch holds one sequence, so the objective does not depend on how the sequences are dealt to ranks.
 """
 
 from __future__ import annotations
@@ -28,8 +29,7 @@ LAYOUTS = [
     {"name": "ep1", "tp": 1, "pp": 1, "ep": 1},
     {"name": "ep2", "tp": 1, "pp": 1, "ep": 2},
     {"name": "ep2_allgather", "tp": 1, "pp": 1, "ep": 2, "dispatcher": "allgather"},
-    {"name": "ep1_noaux", "tp": 1, "pp": 1, "ep": 1, "aux": [0.0, 0.0]},
-    {"name": "pp2_noaux", "tp": 1, "pp": 2, "ep": 1, "aux": [0.0, 0.0]},
+    {"name": "pp2", "tp": 1, "pp": 2, "ep": 1},
 ]
 LOGITS_ATOL = 1e-4
 TRAIN_RTOL = 1e-6
@@ -94,7 +94,7 @@ def test_experts_are_split_by_expert_parallelism(results, arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("layout, reference", [("ep2", "ep1"), ("ep2_allgather", "ep1"), ("pp2_noaux", "ep1_noaux")])
+@pytest.mark.parametrize("layout, reference", [("ep2", "ep1"), ("ep2_allgather", "ep1"), ("pp2", "ep1")])
 def test_training_matches_the_reference_layout(results, layout, reference, arch):
     ref = results[(reference, arch)][0]["train"]
     for case in results[(layout, arch)]:

@@ -9,8 +9,10 @@ reference.
   the same routes (LOGPROB_TOL); activation recompute (model.recompute=full) replays the same routes in backward
   (loss and grad norm equal within 1e-6 relative);
 * moe/aux_loss equals the Switch loss computed from transformers' router logits per micro batch over real
-  tokens, and Megatron's own aux-loss tracker where no padding is counted; moe/z_loss and moe/load_imbalance
-  equal their definitions on transformers' logits; imbalance >= 1 (METRIC_RTOL).
+  tokens, and Megatron's own aux-loss tracker, packed and padded (the engine passes the padding mask); moe/z_loss
+  and moe/load_imbalance equal their definitions on transformers' logits; imbalance >= 1 (METRIC_RTOL);
+* the aux and z losses reach the router gradients as coeff x token means over the pass, equal to transformers'
+  autograd of that objective (GRAD_RTOL).
 
 Run: nice -n 10 .venv/bin/python -m pytest tests/models/test_moe_replay.py -q
 """
@@ -187,8 +189,70 @@ def test_router_metrics_match_their_definitions(case):
         assert all(r["after_reset"] == {} for r in ranks)
         packed = expected_metrics(hf, rollout, [[i] for i in range(len(rollout))])
         assert ranks[0]["metrics_packed"] == pytest.approx(packed, rel=METRIC_RTOL)
-        if name == "ep2":  # Megatron's tracker: per layer, the sum over this rank's micro batches (one sample each)
-            total = sum(sum(r["tracker"]["load_balancing_loss"]) for r in ranks)
+        if name == "ep2":  # Megatron's tracker: per layer, the sum over this rank's micro batches
             num_layers = len(ranks[0]["tracker"]["load_balancing_loss"])
+            # packed, one sample a micro batch (no padding)
+            total = sum(sum(r["tracker"]["load_balancing_loss"]) for r in ranks)
             mean = total / (num_layers * sum(len(r["samples"]) for r in ranks))
             assert mean == pytest.approx(ranks[0]["metrics_packed"]["moe/aux_loss"], rel=METRIC_RTOL)
+            # padded, two samples a micro batch: the engine hands Megatron the padding mask, so the loss that
+            # reaches the gradients counts real tokens only, as the metric does
+            total = sum(sum(r["tracker_padded"]["load_balancing_loss"]) for r in ranks)
+            mean = total / (num_layers * sum(len(r["groups"]) for r in ranks))
+            assert mean == pytest.approx(got["moe/aux_loss"], rel=METRIC_RTOL)
+
+
+AUX_COEFF, Z_COEFF = 0.01, 0.001  # worker_moe_replay.py's aux_engine
+GRAD_RTOL = 1e-4  # fp32; per layer, max |diff| over the largest gradient element (observed 2.7e-7)
+
+
+def hf_router_grads(path, rollout, groups, topk=2):
+    """Gradients of transformers' router weights under the objective the engine's docs state for
+    model.moe_aux_loss_coeff / moe_z_loss_coeff: per layer, AUX_COEFF x the token-weighted mean over micro
+    batches of each one's Switch loss, plus Z_COEFF x the mean over all tokens of logsumexp(router logits)^2."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    routers = [m for m in model.modules() if type(m).__name__ == "Qwen3MoeTopKRouter"]
+    logits: dict = {}
+    current = [None]
+    for layer, router in enumerate(routers):
+        router.register_forward_hook(lambda mod, args, out, layer=layer: logits.__setitem__((current[0], layer),
+                                                                                          out[0]))
+    samples = sorted({i for g in groups for i in g})
+    for i in samples:
+        current[0] = i
+        model(torch.tensor([rollout[i]["prompt"] + rollout[i]["response"]]))
+    total = sum(logits[(i, 0)].size(0) for i in samples)
+    loss = torch.zeros((), dtype=torch.float64)
+    for layer in range(len(routers)):
+        for g in groups:
+            x = torch.cat([logits[(i, layer)] for i in g]).double()
+            scores = torch.softmax(x, dim=-1)
+            counts = torch.zeros_like(scores).scatter_(1, x.detach().topk(topk, dim=1).indices, 1.0).sum(0)
+            n = x.size(0)
+            switch = (scores.sum(0) * counts).sum() * x.size(1) / (topk * n * n)
+            loss = loss + AUX_COEFF * (n / total) * switch
+        x = torch.cat([logits[(i, layer)] for i in samples]).double()
+        loss = loss + Z_COEFF * (torch.logsumexp(x, dim=-1) ** 2).sum() / total
+    loss.backward()
+    return {layer + 1: router.weight.grad for layer, router in enumerate(routers)}
+
+
+def test_aux_and_z_losses_enter_the_gradients_as_token_means(case):
+    """The routers' gradients from the aux and z losses alone (padded micro batches of two samples, DP2 x EP2 and
+    PP2) equal transformers' autograd of the documented objective: the coefficient times a token mean, whatever
+    the micro batches' sizes and padding (Megatron multiplies each micro batch's losses by its token count)."""
+    for name, ranks in case["results"].items():
+        groups = [list(g) for g in dict.fromkeys(tuple(g) for r in ranks for g in r["groups"])]
+        want = hf_router_grads(case["path"], case["rollout"], groups)
+        got = {}  # data-parallel ranks' own gradients summed (pipeline stages hold different layers)
+        for r in ranks:
+            for layer, grad in r["router_grads"].items():
+                got[int(layer)] = got.get(int(layer), 0) + torch.tensor(grad, dtype=torch.float64)
+        assert sorted(got) == sorted(want), name
+        for layer, w in want.items():
+            scale = w.abs().max().item()
+            diff = (got[layer] - w).abs().max().item()
+            print(f"{name} layer {layer}: max |grad| {scale:.3e}, max |diff| {diff:.3e}")
+            assert scale > 0 and diff <= GRAD_RTOL * scale, (name, layer, diff, scale)

@@ -14,7 +14,9 @@ layouts. For every layout, each data-parallel rank takes its share of the sample
 * recompute: loss and grad norm of one replayed training pass with model.recompute=none and =full (activation
   recompute re-runs the routers in backward, which must replay the same routes);
 * metrics: engine.moe_metrics() of one training pass over padded micro batches of two samples each with aux and
-  z-loss on, the micro batches' sample indices, and Megatron's own aux / z-loss tracker values of that pass.
+  z-loss on, the micro batches' sample indices, and Megatron's own aux / z-loss tracker values of that pass;
+* router_grads: each router weight's gradient from the aux and z losses alone, over the same padded micro
+  batches, this rank's own (before the data-parallel reduction).
 Each rank writes OUT/rank<r>.json.
 """
 
@@ -51,6 +53,7 @@ def main():
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
     from megatron.core.transformer.moe import moe_utils
+    from megatron.core.transformer.moe.router import TopKRouter
 
     from mcore_rl.bridge import load_hf_weights
     from mcore_rl.config.model import ModelConfig
@@ -58,6 +61,7 @@ def main():
     from mcore_rl.config.parallel import ParallelConfig
     from mcore_rl.engine import TrainEngine, global_count, make_micro_batches
     from mcore_rl.engine.batching import unpack
+    from mcore_rl.engine.forward_backward import unwrap
     from mcore_rl.models import build_model, load_hf_config
     from mcore_rl.parallel import initialize
 
@@ -163,7 +167,25 @@ def main():
         mbs = make_micro_batches(sequences(samples), micro_batch_size=2, packed=False)
         case["metrics"] = train_pass(mbs)
         case["groups"] = [[mine[i] for i in mb.indices] for mb in mbs]
+        tracker = moe_utils.get_moe_layer_wise_logging_tracker()
+        case["tracker_padded"] = {k: v["values"].tolist() for k, v in tracker.items() if "values" in v}
         case["after_reset"] = aux_engine.moe_metrics()
+        # (d) the aux and z losses alone in the gradients (the main loss is 0 x log-probs): each router's gradient,
+        # summed over data-parallel ranks, for the test to compare with transformers' autograd of the same losses
+        # (read before the data-parallel reduction: the distributed optimizer reduce-scatters, leaving each rank
+        # only its shard of the reduced gradients; the test sums the ranks' own)
+        routers = [m for c in aux_engine.model_chunks for m in c.modules() if isinstance(m, TopKRouter)]
+        config = unwrap(aux_engine.model_chunks[0]).config
+        finalize = config.finalize_model_grads_func
+
+        def read_then_finalize(*args, **kwargs):
+            case["router_grads"] = {str(m.layer_number): m.weight.main_grad.tolist() for m in routers}
+            return finalize(*args, **kwargs)
+
+        config.finalize_model_grads_func = read_then_finalize
+        aux_engine.zero_grad()
+        aux_engine.forward_backward(mbs, lambda out, mb: ((out["logprobs"] * 0.0).sum(), {}))
+        config.finalize_model_grads_func = finalize
         results.append(case)
         del engine, aux_engine
 
