@@ -38,6 +38,10 @@ WARNING_FILTERS = (
     # torch's deprecation of the collectives Megatron's distributed optimizer calls (attributed to torch's wrapper).
     dict(category=FutureWarning, module=r"torch\.distributed\.c10d_logger",
          message=r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is deprecated"),
+    # torch's note at every barrier of an NCCL group started without device_id (Megatron's checkpoint save calls
+    # barriers; the device is the one set for the rank, as intended)
+    dict(category=UserWarning, module=r"torch\.distributed\.c10d_logger",
+         message=r"barrier\(\): using the device under current context"),
 )
 # -W form (literal message prefix, exact module) for processes started with the interpreter's flags and no import
 # of the entry script: multiprocessing's resource tracker notes semaphores SGLang's processes leave at shutdown.

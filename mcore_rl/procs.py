@@ -138,6 +138,7 @@ class StopSignals:
         self._interrupting = False
 
     def install(self) -> "StopSignals":
+        self._pid = os.getpid()
         if threading.current_thread() is threading.main_thread():
             for sig in self.signals:
                 signal.signal(sig, self._on_signal)
@@ -164,6 +165,11 @@ class StopSignals:
         raise SystemExit(code)
 
     def _on_signal(self, signum, frame) -> None:
+        if os.getpid() != getattr(self, "_pid", os.getpid()):
+            # A child forked after install (SGLang's scheduler and detokenizer when they fork) inherits this handler:
+            # the process that installed it coordinates the stop and ends its children, so a child neither notes
+            # nor logs it (a group-wide SIGTERM used to print "received SIGTERM" once per process).
+            return
         name = signal.Signals(signum).name
         if self.received is None:
             self.received = name

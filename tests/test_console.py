@@ -34,8 +34,11 @@ def test_info_hides_library_warnings_and_keeps_ours(clean):
     assert not shown("flashinfer.jit.core", "a kernel note")
     assert not shown("torch.distributed.c10d_logger",
                      "`torch.distributed.all_gather_into_tensor` is deprecated. Please use ...", FutureWarning)
+    assert not shown("torch.distributed.c10d_logger", "barrier(): using the device under current context. You can "
+                     "specify `device_id` in `init_process_group` to mute this warning.")
     # the narrow ones stay narrow: other torch warnings, ours, and a module merely named like a library
     assert shown("torch.distributed.c10d_logger", "something else is deprecated", FutureWarning)
+    assert shown("torch.distributed.c10d_logger", "barrier() failed in some other way")
     assert shown("torch.nn.functional", "Mismatch dtype between input and weight")
     assert shown("mcore_rl.trainer.run", "a warning of ours")
     assert shown("megatron_extras", "not Megatron-Core")

@@ -113,6 +113,25 @@ def test_stop_signal_is_noted_outside_interrupting(stop):
     assert e.value.signal_name == "SIGUSR1"
 
 
+def test_forked_child_leaves_the_stop_to_its_parent(stop):
+    """A child forked after install inherits the handler; it notes nothing (its parent ends it)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: reports what its copy of the handler noted
+        try:
+            _deliver()
+            os.write(write_end, (stop.received or "nothing").encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    noted = os.read(read_end, 100).decode()
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    assert noted == "nothing" and stop.received is None
+    _deliver()  # the installing process still notes it
+    assert stop.received == "SIGUSR1"
+
+
 def test_stop_signal_ends_an_interrupting_block_once(stop):
     with pytest.raises(StopRequested, match="SIGUSR1"):
         with stop.interrupting():
