@@ -4,6 +4,7 @@
     python3 tools/setup_gpu.py               # .venv (sees the machine's torch), then: source .venv/bin/activate
     python3 tools/setup_gpu.py --system      # into the interpreter's own environment (a container image)
     python3 tools/setup_gpu.py --with-te     # also Transformer Engine (builds its torch binding: needs nvcc)
+    python3 tools/setup_gpu.py --no-index --find-links WHEELS   # offline, from wheels fetched beforehand
 
 SGLang's kernels are built for one torch release and one CUDA major version, so the torch already on the machine
 decides: when it pairs with the SGLang release this project pins (PAIRS), the script installs SGLang without its
@@ -157,7 +158,7 @@ def constraints(p: dict, lock: Path) -> list[str]:
 
 
 def plan(p: dict, *, venv: Path | None, with_te: bool, constraints_path: Path,
-         extra_index: list[str] = ()) -> list[list[str]]:
+         extra_index: list[str] = (), find_links: list[str] = (), no_index: bool = False) -> list[list[str]]:
     """The commands, in order. venv None: install into the probed interpreter's environment."""
     cmds: list[list[str]] = []
     py = p["executable"]
@@ -168,6 +169,10 @@ def plan(p: dict, *, venv: Path | None, with_te: bool, constraints_path: Path,
     pip = [py, "-m", "pip", "install", "--disable-pip-version-check"]
     for url in extra_index:
         pip += ["--extra-index-url", url]
+    for folder in find_links:
+        pip += ["--find-links", folder]
+    if no_index:
+        pip.append("--no-index")
     want = PAIRS[SGLANG]
     cmds.append([*pip, "--no-deps", f"sglang=={SGLANG}", SMOLLM2])
     cmds.append([*pip, "-c", str(constraints_path), "-r", str(ROOT / "requirements" / "gpu.txt"),
@@ -193,7 +198,16 @@ def main(argv=None) -> int:
     ap.add_argument("--with-te", action="store_true",
                     help=f"also install {TE} (builds the torch binding from source: needs nvcc, cuDNN headers)")
     ap.add_argument("--extra-index-url", action="append", default=[], help="passed on to pip (repeatable)")
+    ap.add_argument("--find-links", action="append", default=[], metavar="DIR",
+                    help="a folder of wheels, passed on to pip (repeatable); with --no-index the install is offline: "
+                         "fetch the wheels beforehand on a machine with the same Python and platform (docs/gpu.md)")
+    ap.add_argument("--no-index", action="store_true", help="passed on to pip: only the --find-links folders")
     args = ap.parse_args(argv)
+    if args.no_index and not args.find_links:
+        ap.error("--no-index needs at least one --find-links folder of wheels")
+    missing = [d for d in args.find_links if not Path(d).is_dir()]
+    if missing:
+        ap.error(f"--find-links {missing[0]}: no such folder")
     venv = None if args.system else Path(args.venv)
     target, why = args.python, ""
     if venv is not None and (venv / "bin" / "python").exists():  # an existing venv is where the run will look
@@ -212,7 +226,8 @@ def main(argv=None) -> int:
         print(f"  - {note}")
     cpath = (venv if venv is not None else ROOT) / "mcore-rl-gpu-constraints.txt"
     lines = constraints(p, ROOT / "requirements" / "lock-cpu.txt")
-    cmds = plan(p, venv=venv, with_te=args.with_te, constraints_path=cpath, extra_index=args.extra_index_url)
+    cmds = plan(p, venv=venv, with_te=args.with_te, constraints_path=cpath, extra_index=args.extra_index_url,
+                find_links=[str(Path(d).resolve()) for d in args.find_links], no_index=args.no_index)
     kept = sum(1 for k in KEEP if p.get(k))
     print(f"  constraints ({cpath}): {', '.join(lines[:kept])} + {len(lines) - kept} pins of "
           "requirements/lock-cpu.txt")

