@@ -130,7 +130,7 @@ def main(argv=None) -> dict:
             result["route_agreement"] = _agreement(chosen, routes)
             chosen.clear()
             lps["trainer_replay"] = trainer_logprobs(routes)
-        del trainer, built
+        del trainer, built, trainer_logprobs
         if cuda:
             torch.cuda.empty_cache()
     finally:
