@@ -115,13 +115,13 @@ def main(argv=None) -> dict:
         trainer = TrainEngine(hf, cfg, ParallelConfig(), None, model=built)
         chosen = _capture_routes(trainer.model_chunks) if moe else None
 
-        def trainer_logprobs(routes=None, engine=trainer):
+        def trainer_logprobs(routes=None):
             batch = [{"input_ids": torch.tensor(ids), "loss_mask": torch.ones(len(ids))} for ids in seqs]
             if routes is not None:
                 for seq, r in zip(batch, routes):
                     seq[ROUTES] = r
             mbs = make_micro_batches(batch, micro_batch_size=1)
-            per_seq = unpack([o["logprobs"] for o in engine.compute_logprobs(mbs)], mbs)
+            per_seq = unpack([o["logprobs"] for o in trainer.compute_logprobs(mbs)], mbs)
             return [lp[start:].float().cpu() for lp, start in zip(per_seq, starts)]
 
         lps["trainer"] = trainer_logprobs()

@@ -17,10 +17,7 @@ Workarounds for the plain torch-Adam path (no Transformer Engine / apex; each wa
   parameter its own copy. tests/engine/test_checkpoint.py checks that a resumed run equals an uninterrupted one.
 
 Entry scripts that save must keep their code under `if __name__ == "__main__":` (saving starts a helper process
-that re-imports the main module). That helper, the writer's result queue (a multiprocessing Manager started with
-`spawn`), costs the first save of a process a few seconds (3.5-4 s on the CI machine, more where the entry script
-imports more); `warm_writer()` starts it on a thread ahead of time, which the trainer does at start-up so that
-the first save, possibly one on SIGTERM inside a grace period, does not pay for it.
+that re-imports the main module).
 """
 
 from __future__ import annotations
@@ -28,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import threading
 from pathlib import Path
 
 import torch
@@ -57,28 +53,8 @@ def sharded_state_dict(chunks, optimizer=None, scheduler=None, extra: dict | Non
     return state
 
 
-_warming: threading.Thread | None = None
-
-
-def warm_writer() -> threading.Thread | None:
-    """Start the checkpoint writer's result queue on a daemon thread now (see the module's docstring); `save`
-    waits for it. Idempotent: returns the thread of the first call (None where Megatron has no such queue)."""
-    global _warming
-    if _warming is None:
-        from megatron.core.dist_checkpointing.strategies import filesystem_async
-
-        start = getattr(filesystem_async, "_get_write_results_queue", None)  # Megatron-Core 0.16: private
-        if start is None:
-            return None
-        _warming = threading.Thread(target=start, name="mcore_rl-ckpt-writer", daemon=True)
-        _warming.start()
-    return _warming
-
-
 def save(path: str | os.PathLike, chunks, optimizer=None, scheduler=None, extra: dict | None = None) -> Path:
     """Collective: every rank calls it. Returns the final path."""
-    if _warming is not None:
-        _warming.join()  # one result queue, not a second one started beside the warming thread's
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     if _rank() == 0:

@@ -19,7 +19,6 @@ import torch
 import torch.distributed as dist
 
 from mcore_rl.config.root import RLConfig
-from mcore_rl.engine.checkpoint import warm_writer
 from mcore_rl.parallel.runtime import from_rank0
 from mcore_rl.procs import OutputLock, OutputLockedError, StopRequested, StopSignals, follow_launcher
 from mcore_rl.rollout.errors import RolloutEngineError
@@ -45,7 +44,6 @@ class Run:
         """Where the time before the first step goes (logged after it: loop.py)."""
         with self.startup.phase("set-up"):
             self.hf, self.model_path, tokenizer, layout = setup(cfg)
-        warm_writer()  # the first checkpoint save's helper process starts now, beside the models and the engine
         # One run per output folder: rank 0 holds the lock for the run's lifetime; every rank hears the verdict.
         self.lock = None
         verdict = None
