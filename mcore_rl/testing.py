@@ -161,3 +161,21 @@ def unequal(a: Mapping[str, "torch.Tensor"], b: Mapping[str, "torch.Tensor"]) ->
 def listed(tensors) -> dict[str, "torch.Tensor"]:
     """An unnamed sequence of tensors, named by position ("0", "1", ...), for unequal()."""
     return {str(i): t for i, t in enumerate(tensors)}
+
+
+def capture_routing_maps(chunks) -> dict[int, list["torch.Tensor"]]:
+    """Forward hooks on every Megatron MoE router of `chunks`: each call's routing map ([tokens, experts] bool, a
+    detached copy on the router's device), by layer index (0-based), in call order. The caller clears the dict
+    between passes it wants apart."""
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    seen: dict[int, list] = {}
+
+    def hook(router, args, output):
+        seen.setdefault(router.layer_number - 1, []).append(output[1].detach().clone())
+
+    for chunk in chunks:
+        for m in chunk.modules():
+            if isinstance(m, TopKRouter):
+                m.register_forward_hook(hook)
+    return seen

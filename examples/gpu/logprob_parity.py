@@ -75,6 +75,7 @@ def main(argv=None) -> dict:
     from mcore_rl.engine.forward_backward import ROUTES
     from mcore_rl.models import build_model, load_hf_config
     from mcore_rl.parallel import destroy, initialize
+    from mcore_rl.testing import capture_routing_maps
     from mcore_rl.trainer.batch import token_routes
 
     cuda = torch.cuda.is_available()
@@ -113,15 +114,15 @@ def main(argv=None) -> dict:
         built = build_model(hf, cfg, ParallelConfig())
         load_hf_weights(built.chunks, path, hf)
         trainer = TrainEngine(hf, cfg, ParallelConfig(), None, model=built)
-        chosen = _capture_routes(trainer.model_chunks) if moe else None
+        chosen = capture_routing_maps(trainer.model_chunks) if moe else None
 
-        def trainer_logprobs(routes=None):
+        def trainer_logprobs(routes=None, engine=trainer):
             batch = [{"input_ids": torch.tensor(ids), "loss_mask": torch.ones(len(ids))} for ids in seqs]
             if routes is not None:
                 for seq, r in zip(batch, routes):
                     seq[ROUTES] = r
             mbs = make_micro_batches(batch, micro_batch_size=1)
-            per_seq = unpack([o["logprobs"] for o in trainer.compute_logprobs(mbs)], mbs)
+            per_seq = unpack([o["logprobs"] for o in engine.compute_logprobs(mbs)], mbs)
             return [lp[start:].float().cpu() for lp, start in zip(per_seq, starts)]
 
         lps["trainer"] = trainer_logprobs()
@@ -156,29 +157,13 @@ def main(argv=None) -> dict:
     return result
 
 
-def _capture_routes(chunks) -> dict[int, list[torch.Tensor]]:
-    """Each router's routing maps ([tokens, experts] bool), by layer, in call order."""
-    from megatron.core.transformer.moe.router import TopKRouter
-
-    seen: dict[int, list[torch.Tensor]] = {}
-
-    def hook(router, args, output):
-        seen.setdefault(router.layer_number - 1, []).append(output[1].detach().cpu())
-
-    for chunk in chunks:
-        for m in chunk.modules():
-            if isinstance(m, TopKRouter):
-                m.register_forward_hook(hook)
-    return seen
-
-
 def _agreement(chosen: dict[int, list[torch.Tensor]], routes: list[torch.Tensor]) -> float:
     """Share of (token, layer) pairs, over every token but each sequence's last (which the engine never ran),
     where the routing map's experts equal the given routes."""
     same = total = 0
     for layer, maps in chosen.items():
         for rmap, r in zip(maps, routes):
-            mine = rmap.nonzero()[:, 1].view(rmap.size(0), -1)[:-1].sort(dim=-1).values
+            mine = rmap.cpu().nonzero()[:, 1].view(rmap.size(0), -1)[:-1].sort(dim=-1).values
             theirs = r[:-1, layer].long().sort(dim=-1).values
             same += int((mine == theirs).all(dim=-1).sum())
             total += mine.size(0)

@@ -243,21 +243,19 @@ class RouterHooks:
         coefficients are multiplied by the TP size to make up for the slices. That is exact when the slices hold
         equal numbers of real tokens; a micro batch padded to a multiple of TP puts its padding (fewer than TP
         tokens) in the last slice, which then weighs its part of the micro batch's losses slightly less."""
-        flags = [r.calculate_per_token_loss for r in self.routers]
-        for r in self.routers:
-            r.calculate_per_token_loss = True
-        scale = self._tp_share() / total_tokens
-        for c in self._configs:
-            c.moe_aux_loss_coeff = self.aux_coeff * scale
-            c.moe_z_loss_coeff = self.z_coeff * scale if self.z_coeff > 0 else None
+        def set_losses(scale: float, per_token: list[bool]) -> None:
+            for r, flag in zip(self.routers, per_token):
+                r.calculate_per_token_loss = flag
+            for c in self._configs:
+                c.moe_aux_loss_coeff = self.aux_coeff * scale
+                c.moe_z_loss_coeff = self.z_coeff * scale if self.z_coeff > 0 else None
+
+        built = [r.calculate_per_token_loss for r in self.routers]
+        set_losses(self._tp_share() / total_tokens, [True] * len(self.routers))
         try:
             yield
         finally:
-            for r, flag in zip(self.routers, flags):
-                r.calculate_per_token_loss = flag
-            for c in self._configs:
-                c.moe_aux_loss_coeff = self.aux_coeff
-                c.moe_z_loss_coeff = self.z_coeff if self.z_coeff > 0 else None
+            set_losses(1.0, built)
 
     @contextlib.contextmanager
     def micro_batch(self, routes: torch.Tensor | None, valid_mask: torch.Tensor, measure: bool):

@@ -28,22 +28,6 @@ def route_sets(routes):
     return routes.long().sort(dim=-1).values
 
 
-def capture_dispatch(chunks):
-    """Forward hooks recording each router's routing maps ([N, E] bool), by layer, in call order."""
-    from megatron.core.transformer.moe.router import TopKRouter
-
-    seen = {}
-
-    def hook(router, args, output):
-        seen.setdefault(router.layer_number - 1, []).append(output[1].detach().clone())
-
-    for c in chunks:
-        for m in c.modules():
-            if isinstance(m, TopKRouter):
-                m.register_forward_hook(hook)
-    return seen
-
-
 def main():
     import json
     import sys
@@ -64,6 +48,7 @@ def main():
     from mcore_rl.engine.forward_backward import unwrap
     from mcore_rl.models import build_model, load_hf_config
     from mcore_rl.parallel import initialize
+    from mcore_rl.testing import capture_routing_maps
 
     spec = json.loads(Path(sys.argv[1]).read_text())
     out_dir = Path(sys.argv[2])
@@ -109,7 +94,7 @@ def main():
         samples = [rollout[i] for i in mine]
         case = {"layout": lay["name"], "rank": dist.get_rank(), "samples": mine}
         engine = engine_for(parallel)
-        seen = capture_dispatch(engine.model_chunks)
+        seen = capture_routing_maps(engine.model_chunks)
 
         def gap(lps):
             return max(max(abs(a - b) for a, b in zip(lp, s["logprobs"])) for lp, s in zip(lps, samples))
