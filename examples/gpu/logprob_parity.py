@@ -38,6 +38,9 @@ def parse_args(argv=None):
     ap.add_argument("--rollout-attention", default="triton", help="SGLang's attention backend on a GPU")
     ap.add_argument("--mem-fraction-static", type=float, default=0.3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--router-scale", type=float, default=1.0,
+                    help="tiny-moe only: multiply the routers' weights by this (< 1 packs the router logits close "
+                         "together: near-ties, which the two sides' numerics flip)")
     ap.add_argument("--json", default=None)
     return ap.parse_args(argv)
 
@@ -64,6 +67,20 @@ def hf_logprobs(path: str, seqs: list[list[int]], starts: list[int], dtype: torc
     return out
 
 
+def scale_routers(path: str, factor: float) -> None:
+    """Multiply every MoE router's weight (`...mlp.gate.weight`) of the HF folder by `factor`, in place."""
+    import glob
+
+    from safetensors.torch import load_file, save_file
+
+    for f in glob.glob(os.path.join(path, "*.safetensors")):
+        tensors = load_file(f)
+        for name in tensors:
+            if name.endswith("mlp.gate.weight"):
+                tensors[name] = tensors[name] * factor
+        save_file(tensors, f, metadata={"format": "pt"})
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     from mcore_rl.bench.common import random_prompts, start_engine
@@ -86,10 +103,13 @@ def main(argv=None) -> dict:
         from mcore_rl.testing import make_tiny_hf_model
 
         path = str(make_tiny_hf_model(os.path.join(scratch.name, path), TINY[path], seed=args.seed))
+        if args.router_scale != 1.0:
+            scale_routers(path, args.router_scale)
     hf = load_hf_config(path)
     moe = bool(hf.get("num_experts") or hf.get("num_local_experts"))
-    result: dict = {"model": args.model, "dtype": dtype, "moe": moe, "device": torch.cuda.get_device_name() if cuda
-                    else "cpu", "prompts": args.prompts, "prompt_len": args.prompt_len, "new_tokens": args.new}
+    result: dict = {"model": args.model, "dtype": dtype, "moe": moe, "router_scale": args.router_scale,
+                    "device": torch.cuda.get_device_name() if cuda else "cpu", "prompts": args.prompts,
+                    "prompt_len": args.prompt_len, "new_tokens": args.new}
 
     # 1. SGLang samples, with its log-probs (and routes)
     overrides = dict(dtype=dtype, return_routed_experts=moe)

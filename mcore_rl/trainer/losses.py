@@ -70,7 +70,7 @@ def step_peaks(cfg: ActorConfig, old_source: str, device) -> PeakMetrics | None:
 
 
 def actor_loss_fn(cfg: ActorConfig, counts: MiniBatchCounts, max_response_length: int, use_ref: bool,
-                  old_source: str = "recompute", peaks: PeakMetrics | None = None):
+                  old_source: str = "recompute", peaks: PeakMetrics | None = None, measure_gap: bool = True):
     """PPO-family policy loss (+ entropy bonus, + KL loss) of one mini-batch.
 
     old_source (rl_step.old_logprob_source) says what plays log pi_old in the ratio:
@@ -82,8 +82,10 @@ def actor_loss_fn(cfg: ActorConfig, counts: MiniBatchCounts, max_response_length
     Without the forward pass (current, rollout), the diagnostics prepare() takes from it are measured here from
     the update's log-probs instead: rollout/logprob_diff and rollout/kl (token means over the mini-batch),
     rollout/logprob_diff_max (into `peaks`, required then) and, with old_source=current and a reference, `kl`.
-    With one update a step (what auto needs) they equal prepare()'s values; with rollout and several updates
-    they are the mean over the updates (later ones include the policy's own drift).
+    With one update a step (what auto needs) they equal prepare()'s values. With rollout and several updates a
+    step, only the first update measures them (measure_gap, set by update_actor): later updates differentiate
+    weights the optimizer has already moved, so their gap would add the policy's own drift to the engine /
+    trainer mismatch these metrics are for (the first update's tokens are a 1 / num_mini_batches sample).
 
     cfg.correction() (actor.off_policy_correction or tis_cap): token weights from pi_old / pi_rollout
     (algorithms/off_policy.py) passed to the policy loss; off_policy/* token means, and its ratio max into
@@ -106,7 +108,8 @@ def actor_loss_fn(cfg: ActorConfig, counts: MiniBatchCounts, max_response_length
         else:
             current, roll = logprobs.detach(), rows(mb["rollout_logprobs"], mb)
             old = current if old_source == "current" else roll
-            metrics.update(_rollout_gap(current, roll, mask, counts, peaks))
+            if measure_gap:
+                metrics.update(_rollout_gap(current, roll, mask, counts, peaks))
             if old_source == "current" and use_ref:
                 kl_k1 = alg.estimate_kl(current, rows(mb["ref_logprobs"], mb), "k1")
                 metrics["kl"] = (kl_k1 * mask).sum().double() / counts.num_tokens

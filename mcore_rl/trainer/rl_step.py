@@ -10,6 +10,7 @@ Each returns its own metrics (keys without a task prefix; the loop prefixes them
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -226,9 +227,10 @@ def update_actor(ctx: StepContext, batch: RLBatch, actor_cfg: ActorConfig, num_m
     """The actor's updates of one step (update() with the actor's loss); metrics as update() returns them, plus
     the diagnostics the loss measures when prepare() skipped the old log-prob pass."""
     peaks = step_peaks(actor_cfg, batch.old_source, ctx.actor.device)
+    updates = itertools.count()  # the engine/trainer gap is measured on the step's first update (actor_loss_fn)
     metrics = update(ctx.actor, batch.actor, num_mini, actor_cfg.ppo_epochs, actor_cfg.max_tokens_per_micro_batch,
                      lambda c: actor_loss_fn(actor_cfg, c, max_response_length, ctx.ref is not None,
-                                             batch.old_source, peaks),
+                                             batch.old_source, peaks, measure_gap=next(updates) == 0),
                      ctx.dp_group, "actor", with_entropy=True, temperature=ctx.temperature)
     if peaks is not None:
         metrics.update(peaks.reduce())
@@ -237,9 +239,11 @@ def update_actor(ctx: StepContext, batch: RLBatch, actor_cfg: ActorConfig, num_m
 
 def update(engine, seqs: Sequences, num_mini, epochs, max_tokens, make_loss, dp_group, prefix,
            **kw) -> dict[str, float]:
-    """`epochs` passes over `seqs` in `num_mini` mini-batches, one optimizer step each; mean metrics."""
+    """`epochs` passes over `seqs` in `num_mini` mini-batches, one optimizer step each; each metric the mean over
+    the applied updates that report it."""
     sums: dict[str, float] = {}
-    steps = skipped = 0
+    seen: dict[str, int] = {}
+    skipped = 0
     first: dict[str, float] = {}
     engine_seqs = seqs.for_engine()
     for _ in range(epochs):
@@ -251,12 +255,11 @@ def update(engine, seqs: Sequences, num_mini, epochs, max_tokens, make_loss, dp_
                 first = first or {f"{prefix}/nonfinite_loss": res.loss, f"{prefix}/nonfinite_grad_norm": res.grad_norm}
                 skipped += 1
                 continue
-            for k, v in res.metrics.items():
+            for k, v in (*res.metrics.items(), (f"{prefix}/grad_norm", res.grad_norm)):
                 sums[k] = sums.get(k, 0.0) + v
-            sums[f"{prefix}/grad_norm"] = sums.get(f"{prefix}/grad_norm", 0.0) + res.grad_norm
+                seen[k] = seen.get(k, 0) + 1
             sums[f"{prefix}/lr"] = res.lr
-            steps += 1
-    return {**{k: (v if k.endswith("/lr") else v / steps) for k, v in sums.items()}, **first,
+    return {**{k: (v if k.endswith("/lr") else v / seen[k]) for k, v in sums.items()}, **first,
             f"{prefix}/nonfinite_updates": float(skipped)}
 
 

@@ -94,6 +94,8 @@ if __name__ == "__main__":
     for label, source, actor_cfg in (("recompute", "recompute", ActorConfig(**base, tis_cap=1.05)),
                                      ("current", "current", ActorConfig(**base, tis_cap=1.05)),
                                      ("rollout", "rollout", ActorConfig(**base, old_logprobs="rollout")),
+                                     ("rollout_2epochs", "rollout",
+                                      ActorConfig(**base, old_logprobs="rollout", ppo_epochs=2)),
                                      ("masked", "recompute", ActorConfig(**base, off_policy_correction=masked))):
         actor = engine(actor_path, actor_cfg)
         if init is None:

@@ -100,6 +100,18 @@ def test_rollout_source_feeds_the_loss(steps):
 
 
 @pytest.mark.slow
+def test_rollout_gap_is_the_first_updates(steps):
+    """With several updates a step, the engine/trainer gap comes from the first update only: the second epoch
+    differentiates moved weights, whose gap would add the policy's drift."""
+    two, exp = steps["runs"]["rollout_2epochs"], steps["expected_rollout"]
+    assert two["rollout/logprob_diff"] == pytest.approx(exp["logprob_diff"], abs=GAP_ATOL)
+    assert two["rollout/logprob_diff_max"] == pytest.approx(exp["logprob_diff_max"], abs=GAP_ATOL)
+    assert two["rollout/kl"] == pytest.approx(exp["kl_k3"], abs=GAP_ATOL)
+    # the control: the loss's own statistics, a mean over both epochs, do see the drift
+    assert abs(two["actor/ppo_kl"] - exp["ppo_kl"]) > 10 * GAP_ATOL, (two["actor/ppo_kl"], exp["ppo_kl"])
+
+
+@pytest.mark.slow
 def test_off_policy_corrections_measure_the_known_gap(steps):
     """actor.off_policy_correction and tis_cap in a real step: rho = pi_old / pi_rollout = exp(gap) per token, gap
     drawn in [0, 0.1); the off_policy/* metrics equal the gap's statistics (GAP_ATOL), and masking the tokens with
