@@ -38,9 +38,10 @@ def parse_args(argv=None):
     ap.add_argument("--rollout-attention", default="triton", help="SGLang's attention backend on a GPU")
     ap.add_argument("--mem-fraction-static", type=float, default=0.3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--router-scale", type=float, default=1.0,
-                    help="tiny-moe only: multiply the routers' weights by this (< 1 packs the router logits close "
-                         "together: near-ties, which the two sides' numerics flip)")
+    ap.add_argument("--router-spread", type=float, default=1.0,
+                    help="tiny-moe only: move each router's expert rows to this fraction of their distance from "
+                         "their mean (< 1: the experts' logits differ by less, relative to their size; near-ties "
+                         "that the two sides' numerics flip)")
     ap.add_argument("--json", default=None)
     return ap.parse_args(argv)
 
@@ -67,17 +68,19 @@ def hf_logprobs(path: str, seqs: list[list[int]], starts: list[int], dtype: torc
     return out
 
 
-def scale_routers(path: str, factor: float) -> None:
-    """Multiply every MoE router's weight (`...mlp.gate.weight`) of the HF folder by `factor`, in place."""
+def narrow_routers(path: str, spread: float) -> None:
+    """Each MoE router (`...mlp.gate.weight`, [experts, hidden]) of the HF folder, in place: rows -> their mean +
+    spread x (row - mean). Scaling a router alone would not do: it scales the logits and their differences alike."""
     import glob
 
     from safetensors.torch import load_file, save_file
 
     for f in glob.glob(os.path.join(path, "*.safetensors")):
         tensors = load_file(f)
-        for name in tensors:
+        for name, w in tensors.items():
             if name.endswith("mlp.gate.weight"):
-                tensors[name] = tensors[name] * factor
+                mean = w.mean(dim=0, keepdim=True)
+                tensors[name] = (mean + spread * (w - mean)).contiguous()
         save_file(tensors, f, metadata={"format": "pt"})
 
 
@@ -103,11 +106,11 @@ def main(argv=None) -> dict:
         from mcore_rl.testing import make_tiny_hf_model
 
         path = str(make_tiny_hf_model(os.path.join(scratch.name, path), TINY[path], seed=args.seed))
-        if args.router_scale != 1.0:
-            scale_routers(path, args.router_scale)
+        if args.router_spread != 1.0:
+            narrow_routers(path, args.router_spread)
     hf = load_hf_config(path)
     moe = bool(hf.get("num_experts") or hf.get("num_local_experts"))
-    result: dict = {"model": args.model, "dtype": dtype, "moe": moe, "router_scale": args.router_scale,
+    result: dict = {"model": args.model, "dtype": dtype, "moe": moe, "router_spread": args.router_spread,
                     "device": torch.cuda.get_device_name() if cuda else "cpu", "prompts": args.prompts,
                     "prompt_len": args.prompt_len, "new_tokens": args.new}
 
