@@ -6,6 +6,7 @@
     python tools/bench_throughput.py weight_sync --model smollm2
     torchrun --nproc_per_node 2 tools/bench_throughput.py weight_sync --model smollm2 # TP=2 export
     python tools/bench_throughput.py e2e --model smollm2
+    python tools/bench_throughput.py checkpoint --model qwen2.5-0.5b --dtype fp32     # CPU
     python tools/bench_throughput.py --json out.json all --model tiny --train-model tiny --seq-len 64 --tokens 512 \\
         --prompts 2 --n 2 --prompt-len 8 --max-new-tokens 8 --repeats 1 --warmup 1      # CPU smoke of everything
 
@@ -15,6 +16,7 @@ Sub-benchmarks (each callable alone; `all` runs them in one process sharing one 
   weight_sync  export + colocated update vs a plain copy of the bytes (weight_sync.ratio_vs_copy, .gb_per_s)
   e2e          one GRPO step and its parts vs raw generation + raw update + plain copy (e2e.ratio_vs_raw_parts)
   multitask    a multi-task recipe vs each task alone: step time and peak memory (multitask.*; own processes)
+  checkpoint   checkpoint save (both optimizer formats) vs torch.save of the same tensors (checkpoint.*)
 Prints a table; --json writes the figures. Under torchrun only weight_sync runs (TP = the number of processes).
 See docs/performance.md.
 """
@@ -110,6 +112,11 @@ def parse_args():
     mt.add_argument("--steps", type=int, default=4, help="steps per run (the first is not timed)")
     mt.add_argument("--nproc", type=int, default=2, help="torchrun processes per run")
     mt.add_argument("overrides", nargs="*", help="Hydra overrides for every run, e.g. model.path=... tasks.0.batch_size=4")
+    ck = sub.add_parser("checkpoint", help="checkpoint save vs torch.save of the same tensors")
+    ck.add_argument("--model", default="qwen2.5-0.5b", help="model dims, as for train")
+    ck.add_argument("--dtype", default="bf16")
+    ck.add_argument("--repeats", type=int, default=3)
+    ck.add_argument("--dir", default=None, help="where the checkpoints are written (default: the temp folder)")
     everything = sub.add_parser("all", help="train, rollout, weight_sync and e2e in one process")
     _engine_args(everything)
     _train_args(everything, "--train-model")
@@ -211,6 +218,12 @@ def main() -> None:
         _report(result, args.json)
         return
     try:
+        if args.what == "checkpoint":
+            from mcore_rl.bench import checkpoint
+
+            _progress("checkpoint")
+            initialize(ParallelConfig())
+            result.update(checkpoint.run(args.model, args.dtype, args.repeats, args.dir))
         if args.what == "train" or (args.what == "all" and args.train_model != "none"):
             from mcore_rl.bench.train import run
 

@@ -1,12 +1,22 @@
 """Save / load model + optimizer + LR schedule through Megatron dist checkpointing (torch_dist format).
 
 The checkpoint is written to `<path>.tmp` and renamed to `<path>` only once every rank has finished, so a crash
-never leaves a half-written checkpoint under the final name. The format reshards: a checkpoint saved at one
-TP / PP / DP layout loads at another (the optimizer state uses the 'fully_reshardable' sharding type).
+never leaves a half-written checkpoint under the final name.
+
+Model weights always reshard: they load at any TP / PP / EP / DP layout. The distributed optimizer's state is saved
+one of two ways (Megatron's `distrib_optim_sharding_type`, recorded in the checkpoint's content metadata with the
+layout, and read back at load):
+* 'dp_reshardable' (the default): each rank writes its own optimizer shard as it is, with no gather: 4.4x faster
+  than the other on CPU (a 172M-parameter model with Adam, 2.75 GB: 3.0 s against 13.0 s, where torch.save of the
+  same tensors takes 1.7-2.8 s). It loads back at the same TP / PP / EP / expert-TP / virtual-PP layout and the same
+  DP size; another layout is refused with a ValueError that says what to do.
+* 'fully_reshardable' (`reshardable=True`, trainer.checkpoint_reshardable): every DP group gathers its optimizer
+  state on its first rank, in CPU memory, and writes it per parameter, so it loads at any layout. Checkpoints
+  without content metadata (written before 2026-12-05) are of this kind.
 
 Workarounds for the plain torch-Adam path (no Transformer Engine / apex; each was seen failing on CPU):
-* the default distributed-optimizer sharding type fails ('flattened_range is not supported'): we pass
-  metadata={'distrib_optim_sharding_type': 'fully_reshardable'};
+* Megatron's default sharding type ('fully_sharded_model_space') fails ('flattened_range is not supported'): we
+  always pass one of the two above;
 * building the state dict to load into needs Adam state to exist (a fresh optimizer has none and asserts):
   `_init_adam_state` runs one Adam step with lr 0 and zero grads first (weights stay bit-identical);
 * loading the fully reshardable parameter state copies into every key of a parameter's Adam state but the
@@ -34,35 +44,50 @@ from mcore_rl.engine.optimizer import inner_optimizers
 from mcore_rl.parallel.runtime import barrier as _barrier
 from mcore_rl.parallel.runtime import rank as _rank
 
-SHARDING_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+FAST, RESHARDABLE = "dp_reshardable", "fully_reshardable"
 
 
 def _model_keys(chunks) -> list[str]:
     return ["model"] if len(chunks) == 1 else [f"model{i}" for i in range(len(chunks))]
 
 
+def layout(num_chunks: int) -> dict[str, int]:
+    """The parallel layout a dp_reshardable optimizer state is tied to (this rank's view of it)."""
+    from megatron.core import parallel_state as ps
+
+    return {"tp": ps.get_tensor_model_parallel_world_size(), "pp": ps.get_pipeline_model_parallel_world_size(),
+            "ep": ps.get_expert_model_parallel_world_size(), "etp": ps.get_expert_tensor_parallel_world_size(),
+            "dp": ps.get_data_parallel_world_size(), "vpp": num_chunks}
+
+
 def sharded_state_dict(chunks, optimizer=None, scheduler=None, extra: dict | None = None,
-                       is_loading: bool = False) -> dict:
-    """What gets saved: model chunks (GPTModel, unwrapped), optimizer, scheduler and a small `extra` dict."""
+                       is_loading: bool = False, sharding: str = FAST) -> dict:
+    """What gets saved: model chunks (GPTModel, unwrapped), optimizer (its state in `sharding`: FAST or
+    RESHARDABLE), scheduler and a small `extra` dict."""
     state = {key: chunk.sharded_state_dict() for key, chunk in zip(_model_keys(chunks), chunks)}
     if optimizer is not None:
-        state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=is_loading, metadata=SHARDING_METADATA)
+        state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=is_loading,
+                                                          metadata={"distrib_optim_sharding_type": sharding})
     if scheduler is not None:
         state["scheduler"] = scheduler.state_dict()
     state["extra"] = dict(extra or {})
     return state
 
 
-def save(path: str | os.PathLike, chunks, optimizer=None, scheduler=None, extra: dict | None = None) -> Path:
-    """Collective: every rank calls it. Returns the final path."""
+def save(path: str | os.PathLike, chunks, optimizer=None, scheduler=None, extra: dict | None = None,
+         reshardable: bool = False) -> Path:
+    """Collective: every rank calls it. Returns the final path. reshardable: the optimizer state in the format that
+    loads at any layout (slower: see the module's docstring)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     if _rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     _barrier()
-    state = sharded_state_dict(chunks, optimizer, scheduler, extra, is_loading=False)
-    dist_checkpointing.save(state, str(tmp))
+    sharding = RESHARDABLE if reshardable else FAST
+    state = sharded_state_dict(chunks, optimizer, scheduler, extra, is_loading=False, sharding=sharding)
+    meta = {"distrib_optim_sharding_type": sharding, "layout": layout(len(chunks))}
+    dist_checkpointing.save(state, str(tmp), content_metadata=meta)
     _barrier()
     if _rank() == 0:
         old = path.with_name(path.name + ".old")
@@ -83,19 +108,36 @@ def load(path: str | os.PathLike, chunks, optimizer=None, scheduler=None, strict
     path = Path(path)
     if not (path / "metadata.json").is_file():
         raise FileNotFoundError(f"{str(path)!r} is not a Megatron dist checkpoint (no metadata.json)")
+    sharding = RESHARDABLE
     if optimizer is not None:
+        meta = dist_checkpointing.load_content_metadata(str(path)) or {}
+        sharding = meta.get("distrib_optim_sharding_type", RESHARDABLE)
+        saved, here = meta.get("layout"), layout(len(chunks))
+        if sharding == FAST and saved != here:
+            raise ValueError(
+                f"the checkpoint {str(path)!r} holds its optimizer state in the fast format, which loads only at the "
+                f"layout it was saved at ({_layout_str(saved)}), not at this run's ({_layout_str(here)}). Resume at "
+                "that layout, or load the weights alone (a fresh optimizer); to change layouts on resume, save with "
+                "trainer.checkpoint_reshardable=true")
         _init_adam_state(optimizer)
-    state = sharded_state_dict(chunks, optimizer, scheduler, is_loading=True)
+    state = sharded_state_dict(chunks, optimizer, scheduler, is_loading=True, sharding=sharding)
     loaded = dist_checkpointing.load(state, str(path))
     for key, chunk in zip(_model_keys(chunks), chunks):
         chunk.load_state_dict(loaded[key], strict=strict)
     if optimizer is not None:
-        with _step_tolerant_loading(optimizer):
+        # no_grad: the dp_reshardable load copies into the fp32 main params in place, outside Megatron's no_grad
+        with _step_tolerant_loading(optimizer), torch.no_grad():
             optimizer.load_state_dict(loaded["optimizer"])
         _unshare_adam_steps(optimizer)
     if scheduler is not None and "scheduler" in loaded:
         scheduler.load_state_dict(loaded["scheduler"])
     return loaded.get("extra", {})
+
+
+def _layout_str(lay: dict | None) -> str:
+    if not lay:
+        return "unknown"
+    return ", ".join(f"{k.upper()}={v}" for k, v in lay.items())
 
 
 @contextlib.contextmanager

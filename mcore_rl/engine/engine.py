@@ -326,11 +326,12 @@ class TrainEngine:
 
     # -- checkpoints ------------------------------------------------------------------------------------
 
-    def save_checkpoint(self, path, extra: dict | None = None):
-        """Collective. Model + optimizer + scheduler (+ `extra`, e.g. the trainer's step) to `path`, atomically."""
+    def save_checkpoint(self, path, extra: dict | None = None, reshardable: bool = False):
+        """Collective. Model + optimizer + scheduler (+ `extra`, e.g. the trainer's step) to `path`, atomically.
+        reshardable: the optimizer state in the format that loads at any layout (engine/checkpoint.py)."""
         extra = dict(extra or {}, engine_num_steps=self.num_steps)
         self._init_optimizer_state()
-        return ckpt.save(path, self.model_chunks, self.optimizer, self.scheduler, extra)
+        return ckpt.save(path, self.model_chunks, self.optimizer, self.scheduler, extra, reshardable=reshardable)
 
     def _init_optimizer_state(self) -> None:
         """Adam's state (zero moments at step 0) where no update has created it yet: a checkpoint saved before

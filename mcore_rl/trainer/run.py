@@ -192,9 +192,10 @@ class Run:
         tmp = ckpt.step_dir(cfg.trainer.output_dir, step).with_suffix(".tmp")
         try:
             tmp = ckpt.begin(cfg.trainer.output_dir, step)
-            self.actor.save_checkpoint(tmp / "actor")
+            reshardable = cfg.trainer.checkpoint_reshardable
+            self.actor.save_checkpoint(tmp / "actor", reshardable=reshardable)
             if self.critic is not None:
-                self.critic.save_checkpoint(tmp / "critic")
+                self.critic.save_checkpoint(tmp / "critic", reshardable=reshardable)
             ckpt.write_rank_state(tmp)
             if self.producer is not None:  # rank 0: the batches made ahead (called inside quiet_rollouts)
                 from mcore_rl.trainer.async_rollout import save_queue

@@ -76,3 +76,24 @@ def test_e2e_one_step_off_policy_writes_its_figures(tmp_path):
         assert figures[f"e2e.profile.{key}.device_busy_s"] == 0, key
     tables = (tmp_path / "prof" / "e2e_profile.txt").read_text()
     assert "==== ours" in tables and "==== raw" in tables and "e2e.update: wall" in tables
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-moe"])
+def test_checkpoint_writes_its_figures(tmp_path, model):
+    """checkpoint: both optimizer formats and torch.save of the same tensors timed; sizes of what each wrote (the
+    checkpoints hold what torch.save holds, plus Megatron's metadata and, in fp32, model and main params alike)."""
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, str(ROOT / "tools" / "bench_throughput.py"), "--json", str(out), "checkpoint",
+           "--model", model, "--dtype", "fp32", "--repeats", "1", "--dir", str(tmp_path)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", MASTER_PORT=str(free_port()))
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    figures = json.loads(out.read_text())
+    for key in ("checkpoint.save_s", "checkpoint.reshardable.save_s", "checkpoint.torch_save_s",
+                "checkpoint.ratio_vs_torch_save", "checkpoint.reshardable.ratio_vs_torch_save", "checkpoint.gb_per_s"):
+        assert math.isfinite(figures[key]) and figures[key] > 0, (key, figures.get(key))
+    # every parameter and Adam moment is in each checkpoint: at least torch.save's bytes (4 bytes an element)
+    assert figures["checkpoint.torch_save_bytes"] >= 4 * 3 * figures["checkpoint.params"]
+    for key in ("checkpoint.bytes", "checkpoint.reshardable.bytes"):
+        assert figures[key] >= figures["checkpoint.torch_save_bytes"], (key, figures)
+    assert list(tmp_path.glob("bench_ckpt_*")) == []  # the scratch folder is removed

@@ -6,8 +6,10 @@ At DP=2 (the distributed optimizer shards Adam state and fp32 master weights ove
 A trains 3 steps; B trains 1 step and saves; C, built fresh (different random weights), loads B's checkpoint
 and trains 2 more steps. C's weights, losses and learning rates must equal A's bit for bit. D repeats C without
 the per-parameter Adam `step` fix, to record how far the known Megatron pitfall would have moved the weights.
-Then the parallel state is rebuilt as TP=2 and E loads B's checkpoint resharded (optimizer included) and trains
-the same 2 steps: equal to A up to fp32 reduction order. Results go to OUT/checkpoint/rank<r>.json.
+B also saves in the reshardable format (G resumes from it at the same layout: equal to A bit for bit). Then the
+parallel state is rebuilt as TP=2: the fast-format checkpoint is refused there, and E loads the reshardable one
+resharded (optimizer included) and trains the same 2 steps: equal to A up to fp32 reduction order. Results go
+to OUT/checkpoint/rank<r>.json.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ if __name__ == "__main__":
     log_b = steps(b, 1)
     b.save_checkpoint(out / "b_step1", extra={"trainer_step": 1})
     b.save_checkpoint(out / "b_step1", extra={"trainer_step": 1})  # overwriting an existing one is atomic too
+    b.save_checkpoint(out / "b_step1_r", extra={"trainer_step": 1}, reshardable=True)
     del b
 
     c = TrainEngine(hf, cfg, parallel, optim)
@@ -91,12 +94,26 @@ if __name__ == "__main__":
     ckpt._unshare_adam_steps = fix
     report["without_step_fix_diff"] = C.max_diff(C.params_by_name(d.model_chunks), params_a)["abs"]
 
-    # Resume at another layout: TP=2 (DP=1), same world.
+    # The reshardable format at the same layout: the same resumed run.
+    g = TrainEngine(hf, cfg, parallel, optim)
+    g.load_checkpoint(out / "b_step1_r")
+    steps(g, 2)
+    report["resumed_reshardable_equal"] = all(torch.equal(p, params_a[k])
+                                              for k, p in C.params_by_name(g.model_chunks).items())
+    del g
+
+    # Resume at another layout: TP=2 (DP=1), same world. The fast format refuses it, naming the way out; the
+    # reshardable one loads resharded.
     parallel_state.destroy_model_parallel()
     parallel = ParallelConfig(tp=2)
     initialize(parallel)
     e = TrainEngine(hf, cfg, parallel, optim)
-    e.load_checkpoint(out / "b_step1")
+    try:
+        e.load_checkpoint(out / "b_step1")
+        report["fast_at_other_layout"] = "loaded"
+    except ValueError as err:
+        report["fast_at_other_layout"] = str(err)
+    e.load_checkpoint(out / "b_step1_r")
     log_e = log_b + steps(e, 2)
     ref = C.load_model_tensors(hf, cfg, parallel, out / "a_final")
     report["resharded_diff"] = C.max_diff(C.params_by_name(e.model_chunks), ref)

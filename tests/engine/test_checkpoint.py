@@ -1,9 +1,10 @@
 """Checkpoint save / load of model + optimizer + LR schedule (checkpoint_worker.py, one 2-process launch).
 
 fp32 at DP=2 with the distributed optimizer: a run resumed from a step-1 checkpoint equals the uninterrupted run
-bit for bit after step 3 (same layout, same reduction order: no tolerance). Resuming the same checkpoint at TP=2
-reshards weights and Adam state; that run differs only by fp32 reduction order (abs 1e-5 on weights, as in
-test_parity.py).
+bit for bit after step 3 (same layout, same reduction order: no tolerance), from either optimizer format.
+Resuming at TP=2: the fast (dp_reshardable) format is refused with a message naming the way out; the reshardable
+one reshards weights and Adam state, and that run differs only by fp32 reduction order (abs 1e-5 on weights, as
+in test_parity.py).
 """
 
 import json
@@ -41,6 +42,17 @@ def test_adam_step_tensors_are_per_parameter(result):
         # Without the fix, Megatron's load leaves one shared `step` tensor that torch Adam increments once per
         # parameter: bias correction is wrong and weights drift by ~1e-3 after two steps, silently.
         assert r["without_step_fix_diff"] > 1e-5
+
+
+def test_reshardable_format_resumes_equal_at_the_same_layout(result):
+    for r in result:
+        assert r["resumed_reshardable_equal"]
+
+
+def test_fast_format_refuses_another_layout_saying_what_to_do(result):
+    for r in result:
+        msg = r["fast_at_other_layout"]
+        assert "TP=1" in msg and "TP=2" in msg and "trainer.checkpoint_reshardable=true" in msg, msg
 
 
 def test_resume_at_another_layout(result):
