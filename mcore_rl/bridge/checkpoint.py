@@ -5,13 +5,13 @@ The state dict follows Megatron-LM: {"model": chunk.sharded_state_dict()} for on
 not tie the checkpoint to a layout. Local and Transformer Engine layer specs map to the same keys (Megatron's
 local spec renames its layer norms on save).
 
-Saving spawns a helper process that re-imports the main script: keep entry scripts under
-`if __name__ == "__main__":`.
+Saves are synchronous and keep Megatron's writer from starting its helper process (`in_process_write_results`).
 """
 
 from __future__ import annotations
 
 import os
+import queue
 
 from mcore_rl.bridge.bind import unwrap
 
@@ -24,10 +24,24 @@ def sharded_model_state(chunks: list) -> dict:
     return {key: unwrap(c).sharded_state_dict() for key, c in zip(_keys(chunks), chunks)}
 
 
+def in_process_write_results() -> None:
+    """Megatron's filesystem writer (torch_dist) hands each save's write results to the saving code through a
+    queue that it makes on the process's first save from a spawned multiprocessing Manager: a helper process that
+    re-imports the entry script (3.5-4 s on the CPU machine, before the first checkpoint can be written) and, being
+    in the run's process group, dies with a SIGTERM meant for the run. A synchronous save (the only kind this
+    project makes) puts and gets those results in the saving process, so a plain in-process queue serves. Call
+    before each dist_checkpointing.save; a queue already made (ours or Megatron's) is kept."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if getattr(filesystem_async, "_results_queue", "absent") is None:
+        filesystem_async._results_queue = queue.Queue()
+
+
 def save_mcore_checkpoint(chunks: list, ckpt_dir: str | os.PathLike) -> None:
     """Collective: every rank saves its shards of the model into ckpt_dir (an existing, empty folder)."""
     from megatron.core import dist_checkpointing
 
+    in_process_write_results()
     dist_checkpointing.save(sharded_model_state(chunks), str(ckpt_dir))
 
 

@@ -210,13 +210,15 @@ def test_kill_during_checkpoint_save_resumes_from_the_last_complete(tiny_model, 
         while not (ckpts / "latest").exists():
             assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-4000:]
             time.sleep(0.05)
+        # the process tree is complete by now (workers and engines started before the first save); listing it
+        # takes milliseconds, which a tiny model's save (about 0.1 s) cannot spare once its folder appears
+        port = _run_port(proc)
+        tree = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
         partial = []
         while not partial:
             assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-4000:]
             partial = list(ckpts.glob("step_*.tmp"))
-            time.sleep(0.002)
-        port = _run_port(proc)
-        tree = [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(recursive=True))]
+            time.sleep(0.001)
         for pid in tree:
             try:
                 os.kill(pid, signal.SIGKILL)
