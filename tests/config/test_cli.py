@@ -7,7 +7,7 @@ from mcore_rl.config.cli import check_output_dir, check_overrides
 
 @pytest.mark.parametrize("arg, message", [
     ("trainer.totl_steps=3", "unknown config key 'trainer.totl_steps': trainer has no field 'totl_steps'; did you "
-                             "mean trainer.total_steps? its fields: deterministic, "),
+                             "mean trainer.total_steps? its fields: checkpoint_reshardable, deterministic, "),
     ("trainr.total_steps=3", "unknown config key 'trainr.total_steps': the config has no field 'trainr'; did you mean "
                              "trainer?"),
     ("agent.max_turnz=3", "agent has no field 'max_turnz'; did you mean agent.max_turns?"),
