@@ -24,9 +24,9 @@ class TrainerConfig:
     keep_last: int = 2
     """Checkpoints kept (older ones are deleted after a newer one is complete)."""
     checkpoint_reshardable: bool = False
-    """false: each rank writes its optimizer shard as it is (fast; the run resumes at the same TP / PP / EP / DP
-    layout, another is refused with a clear error). true: the optimizer state is gathered and written per
-    parameter, so a resume may change the layout; about 4x slower to save (docs/reliability.md). Weights reshard
+    """false: each rank writes its optimizer shard as it is (fast; the run resumes at the same TP / PP / EP layout,
+    at any DP size; another is refused with a clear error). true: the optimizer state is gathered and written per
+    parameter, so a resume may change any of them; about 4x slower to save (docs/reliability.md). Weights reshard
     either way (tools/convert_hf.py, a reference model from a checkpoint)."""
     resume: str = "never"
     """never | auto (the latest complete checkpoint under output_dir/checkpoints, if any; else a fresh start) | a

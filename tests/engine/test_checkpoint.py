@@ -13,8 +13,13 @@ import pytest
 
 
 @pytest.fixture(scope="module")
-def result(tmp_path_factory, tiny_models, torchrun):
-    out = tmp_path_factory.mktemp("ckpt")
+def ckpt_out(tmp_path_factory):
+    return tmp_path_factory.mktemp("ckpt")
+
+
+@pytest.fixture(scope="module")
+def result(ckpt_out, tiny_models, torchrun):
+    out = ckpt_out
     torchrun("checkpoint_worker.py", 2, out, tiny_models)
     reports = [json.loads((out / "checkpoint" / f"rank{r}.json").read_text()) for r in range(2)]
     assert not (out / "checkpoint" / "b_step1.tmp").exists() and not (out / "checkpoint" / "b_step1.old").exists()
@@ -53,6 +58,14 @@ def test_fast_format_refuses_another_layout_saying_what_to_do(result):
     for r in result:
         msg = r["fast_at_other_layout"]
         assert "TP=1" in msg and "TP=2" in msg and "trainer.checkpoint_reshardable=true" in msg, msg
+
+
+def test_fast_format_loads_at_another_dp_size(result, ckpt_out, tiny_models, torchrun):
+    """checkpoint_dp_worker.py: the DP=2 checkpoints loaded in one process (DP=1); the fast format's fp32 weights
+    and Adam moments equal the reshardable format's (exactly: the same numbers, moved)."""
+    torchrun("checkpoint_dp_worker.py", 1, ckpt_out, tiny_models)
+    report = json.loads((ckpt_out / "checkpoint" / "dp1.json").read_text())
+    assert report["moments_nonzero"] and report["diff"]["abs"] == 0.0, report
 
 
 def test_resume_at_another_layout(result):
