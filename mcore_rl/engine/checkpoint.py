@@ -6,7 +6,9 @@ never leaves a half-written checkpoint under the final name.
 Model weights always reshard: they load at any TP / PP / EP / DP layout. The distributed optimizer's state is saved
 one of two ways (Megatron's `distrib_optim_sharding_type`, recorded in the checkpoint's content metadata with the
 layout, and read back at load):
-* 'dp_reshardable' (the default): each rank writes its own optimizer shard as it is, with no gather: 4.4x faster
+* 'dp_reshardable' (`reshardable=False`; the trainer's default is the other, trainer.checkpoint_reshardable: a
+  trainer run resumed from this one is not yet bit-equal to the uninterrupted run, although an engine resumed from
+  it is): each rank writes its own optimizer shard as it is, with no gather: 4.4x faster
   than the other on CPU (a 172M-parameter model with Adam, 2.75 GB: 3.0 s against 13.0 s, where torch.save of the
   same tensors takes 1.7-2.8 s). It loads back at the same TP / PP / EP / expert-TP / virtual-PP layout, at any DP
   size (tests/engine/test_checkpoint.py); another model-parallel layout is refused with a ValueError that says
@@ -138,7 +140,8 @@ def load(path: str | os.PathLike, chunks, optimizer=None, scheduler=None, strict
 
 def _model_parallel(lay: dict | None) -> dict | None:
     """A layout without its DP size: Megatron's dp_reshardable state loads at another DP size (checked: saved at
-    DP2, loaded at DP1, Adam's moments and the fp32 weights equal those of the reshardable format's load)."""
+    DP2, loaded at DP1, Adam's moments and the fp32 weights equal those of the reshardable format's load, for a
+    dense model and for an MoE at EP1 with its separate expert optimizer)."""
     return None if lay is None else {k: v for k, v in lay.items() if k != "dp"}
 
 
