@@ -6,16 +6,16 @@ never leaves a half-written checkpoint under the final name.
 Model weights always reshard: they load at any TP / PP / EP / DP layout. The distributed optimizer's state is saved
 one of two ways (Megatron's `distrib_optim_sharding_type`, recorded in the checkpoint's content metadata with the
 layout, and read back at load):
-* 'dp_reshardable' (`reshardable=False`; the trainer's default is the other, trainer.checkpoint_reshardable: a
-  trainer run resumed from this one is not yet bit-equal to the uninterrupted run, although an engine resumed from
-  it is): each rank writes its own optimizer shard as it is, with no gather: 4.4x faster
+* 'dp_reshardable' (`reshardable=False`, experimental: a trainer run resumed from it is not yet bit-equal to the
+  uninterrupted run, although an engine resumed from it is): each rank writes its own optimizer shard as it is,
+  with no gather: 4.4x faster
   than the other on CPU (a 172M-parameter model with Adam, 2.75 GB: 3.0 s against 13.0 s, where torch.save of the
   same tensors takes 1.7-2.8 s). It loads back at the same TP / PP / EP / expert-TP / virtual-PP layout, at any DP
   size (tests/engine/test_checkpoint.py); another model-parallel layout is refused with a ValueError that says
   what to do.
-* 'fully_reshardable' (`reshardable=True`, trainer.checkpoint_reshardable): every DP group gathers its optimizer
-  state on its first rank, in CPU memory, and writes it per parameter, so it loads at any layout. Checkpoints
-  without content metadata (written before 2026-12-05) are of this kind.
+* 'fully_reshardable' (`reshardable=True`, the default here and in trainer.checkpoint_reshardable): every DP
+  group gathers its optimizer state on its first rank, in CPU memory, and writes it per parameter, so it loads at
+  any layout. Checkpoints without content metadata (written before 2026-12-05) are of this kind.
 
 Workarounds for the plain torch-Adam path (no Transformer Engine / apex; each was seen failing on CPU):
 * Megatron's default sharding type ('fully_sharded_model_space') fails ('flattened_range is not supported'): we
@@ -78,9 +78,9 @@ def sharded_state_dict(chunks, optimizer=None, scheduler=None, extra: dict | Non
 
 
 def save(path: str | os.PathLike, chunks, optimizer=None, scheduler=None, extra: dict | None = None,
-         reshardable: bool = False) -> Path:
+         reshardable: bool = True) -> Path:
     """Collective: every rank calls it. Returns the final path. reshardable: the optimizer state in the format that
-    loads at any layout (slower: see the module's docstring)."""
+    loads at any layout; False writes the experimental fast one (see the module's docstring)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     if _rank() == 0:

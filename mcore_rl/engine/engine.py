@@ -326,9 +326,10 @@ class TrainEngine:
 
     # -- checkpoints ------------------------------------------------------------------------------------
 
-    def save_checkpoint(self, path, extra: dict | None = None, reshardable: bool = False):
+    def save_checkpoint(self, path, extra: dict | None = None, reshardable: bool = True):
         """Collective. Model + optimizer + scheduler (+ `extra`, e.g. the trainer's step) to `path`, atomically.
-        reshardable: the optimizer state in the format that loads at any layout (engine/checkpoint.py)."""
+        reshardable: the optimizer state in the format that loads at any layout; False: the experimental fast
+        format (engine/checkpoint.py)."""
         extra = dict(extra or {}, engine_num_steps=self.num_steps)
         self._init_optimizer_state()
         return ckpt.save(path, self.model_chunks, self.optimizer, self.scheduler, extra, reshardable=reshardable)

@@ -6,10 +6,10 @@ At DP=2 (the distributed optimizer shards Adam state and fp32 master weights ove
 A trains 3 steps; B trains 1 step and saves; C, built fresh (different random weights), loads B's checkpoint
 and trains 2 more steps. C's weights, losses and learning rates must equal A's bit for bit. D repeats C without
 the per-parameter Adam `step` fix, to record how far the known Megatron pitfall would have moved the weights.
-B also saves in the reshardable format (G resumes from it at the same layout: equal to A bit for bit). Then the
-parallel state is rebuilt as TP=2: the fast-format checkpoint is refused there, and E loads the reshardable one
-resharded (optimizer included) and trains the same 2 steps: equal to A up to fp32 reduction order. Results go
-to OUT/checkpoint/rank<r>.json.
+B saves in the fast format (b_step1, which C and D load) and in the reshardable one (b_step1_r; G resumes from
+it at the same layout: equal to A bit for bit). Then the parallel state is rebuilt as TP=2: the fast-format
+checkpoint is refused there, and E loads the reshardable one resharded (optimizer included) and trains the same
+2 steps: equal to A up to fp32 reduction order. Results go to OUT/checkpoint/rank<r>.json.
 """
 
 from __future__ import annotations
@@ -67,8 +67,9 @@ if __name__ == "__main__":
     b = TrainEngine(hf, cfg, parallel, optim)
     ckpt.load(out / "init", b.model_chunks)
     log_b = steps(b, 1)
-    b.save_checkpoint(out / "b_step1", extra={"trainer_step": 1})
-    b.save_checkpoint(out / "b_step1", extra={"trainer_step": 1})  # overwriting an existing one is atomic too
+    b.save_checkpoint(out / "b_step1", extra={"trainer_step": 1}, reshardable=False)
+    # overwriting an existing one is atomic too
+    b.save_checkpoint(out / "b_step1", extra={"trainer_step": 1}, reshardable=False)
     b.save_checkpoint(out / "b_step1_r", extra={"trainer_step": 1}, reshardable=True)
     del b
 
