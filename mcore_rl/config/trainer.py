@@ -23,13 +23,13 @@ class TrainerConfig:
     """Checkpoint every N steps (0: only at the end)."""
     keep_last: int = 2
     """Checkpoints kept (older ones are deleted after a newer one is complete)."""
-    checkpoint_reshardable: bool = True
-    """true: the optimizer state is gathered and written per parameter; a resume may change the TP / PP / EP / DP
-    layout. false: each rank writes its optimizer shard as it is, about 4x faster to save (docs/reliability.md);
-    the run resumes at the same TP / PP / EP layout (any DP size; another is refused with a clear error).
-    false is experimental: an engine resumed from it equals the uninterrupted one bit for bit
-    (tests/engine/test_checkpoint.py), but a resumed trainer run does not yet (tests/trainer/test_exact_resume.py
-    fails with it: about 1e-4 relative by step 4, cause not found), so true stays the default.
+    checkpoint_reshardable: bool = False
+    """false (default): each rank writes its optimizer shard as it is (Megatron's dp_reshardable), about 4x faster
+    to save and never gathered on one rank; the run resumes at the same TP / PP / EP layout, any DP size (another
+    layout is refused with an error saying to save with true). true: the optimizer state is gathered on each DP
+    group's first rank, in CPU memory, and written per parameter (fully_reshardable), so a resume may change any
+    of TP / PP / EP / DP. Both resume bit-exactly at the same layout (tests/trainer/test_exact_resume.py;
+    docs/reliability.md).
     Weights reshard either way (tools/convert_hf.py, a reference model from a checkpoint)."""
     resume: str = "never"
     """never | auto (the latest complete checkpoint under output_dir/checkpoints, if any; else a fresh start) | a

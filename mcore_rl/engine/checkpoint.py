@@ -6,25 +6,23 @@ never leaves a half-written checkpoint under the final name.
 Model weights always reshard: they load at any TP / PP / EP / DP layout. The distributed optimizer's state is saved
 one of two ways (Megatron's `distrib_optim_sharding_type`, recorded in the checkpoint's content metadata with the
 layout, and read back at load):
-* 'dp_reshardable' (`reshardable=False`, experimental: a trainer run resumed from it is not yet bit-equal to the
-  uninterrupted run, although an engine resumed from it is): each rank writes its own optimizer shard as it is,
-  with no gather: 4.4x faster
-  than the other on CPU (a 172M-parameter model with Adam, 2.75 GB: 3.0 s against 13.0 s, where torch.save of the
-  same tensors takes 1.7-2.8 s). It loads back at the same TP / PP / EP / expert-TP / virtual-PP layout, at any DP
-  size (tests/engine/test_checkpoint.py); another model-parallel layout is refused with a ValueError that says
-  what to do.
-* 'fully_reshardable' (`reshardable=True`, the default here and in trainer.checkpoint_reshardable): every DP
-  group gathers its optimizer state on its first rank, in CPU memory, and writes it per parameter, so it loads at
-  any layout. Checkpoints without content metadata (written before 2026-12-05) are of this kind.
+* 'dp_reshardable' (`reshardable=False`, the default here and in trainer.checkpoint_reshardable): each rank writes
+  its own optimizer shard as it is, with no gather: 4.4x faster than the other on CPU (a 172M-parameter model
+  with Adam, 2.75 GB: 3.0 s against 13.0 s, where torch.save of the same tensors takes 1.7-2.8 s). It loads back
+  at the same TP / PP / EP / expert-TP / virtual-PP layout, at any DP size (tests/engine/test_checkpoint.py);
+  another model-parallel layout is refused with a ValueError that says what to do.
+* 'fully_reshardable' (`reshardable=True`): every DP group gathers its optimizer state on its first rank, in CPU
+  memory, and writes it per parameter, so it loads at any layout. Checkpoints without content metadata (written
+  before 2026-12-05) are of this kind.
 
 Workarounds for the plain torch-Adam path (no Transformer Engine / apex; each was seen failing on CPU):
 * Megatron's default sharding type ('fully_sharded_model_space') fails ('flattened_range is not supported'): we
   always pass one of the two above;
 * building the state dict to load into needs Adam state to exist (a fresh optimizer has none and asserts):
   `_init_adam_state` runs one Adam step with lr 0 and zero grads first (weights stay bit-identical);
-* loading the fully reshardable parameter state copies into every key of a parameter's Adam state but the
-  checkpoint has no per-parameter 'step' (KeyError 'step'; the step travels in the param groups):
-  `_step_tolerant_loading` lets that copy keep the step already set;
+* loading the parameter state copies into every key of a parameter's Adam state, but the fully reshardable
+  checkpoint has no per-parameter 'step' (KeyError 'step') and the dp_reshardable one restores a stale one (the
+  step travels in the param groups): `_step_tolerant_loading` makes that copy keep the step the groups set;
 * after loading, every parameter's Adam `step` is one shared tensor object, so torch Adam increments it once per
   parameter per step and bias correction goes wrong (params drift silently): `_unshare_adam_steps` gives each
   parameter its own copy. tests/engine/test_checkpoint.py checks that a resumed run equals an uninterrupted one.
@@ -78,9 +76,9 @@ def sharded_state_dict(chunks, optimizer=None, scheduler=None, extra: dict | Non
 
 
 def save(path: str | os.PathLike, chunks, optimizer=None, scheduler=None, extra: dict | None = None,
-         reshardable: bool = True) -> Path:
-    """Collective: every rank calls it. Returns the final path. reshardable: the optimizer state in the format that
-    loads at any layout; False writes the experimental fast one (see the module's docstring)."""
+         reshardable: bool = False) -> Path:
+    """Collective: every rank calls it. Returns the final path. reshardable: the optimizer state in the slower
+    format that loads at any layout; False (default): the per-rank one (see the module's docstring)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     if _rank() == 0:
@@ -153,7 +151,14 @@ def _layout_str(lay: dict | None) -> str:
 
 @contextlib.contextmanager
 def _step_tolerant_loading(optimizer):
-    """While loading: a parameter's tensors without 'step' keep the step the param groups already set."""
+    """While loading: every parameter's Adam `step` is the one the checkpoint's param groups carry, which Megatron's
+    load_state_dict has set on the state just before it copies the per-parameter tensors in.
+
+    Neither format stores a usable per-parameter step: the fully reshardable state has none (a KeyError without
+    this), and the dp_reshardable one keeps it as a non-persistent object, i.e. the step of the state the load
+    was built from (`_init_adam_state`'s 1), which would overwrite the right one: a run resumed from step 2 or
+    later then had a wrong bias correction (found by the trainer's exact-resume tests; the engine test resumed
+    from step 1, where the two agree)."""
     patched = []
     for opt in inner_optimizers(optimizer):
         orig = getattr(opt, "_set_main_param_and_optimizer_states", None)
@@ -161,12 +166,11 @@ def _step_tolerant_loading(optimizer):
             continue
 
         def set_states(model_param, tensors, opt=opt, orig=orig):
-            if "step" not in tensors:
-                group_index, group_order = opt.model_param_group_index_map[model_param]
-                main_param = opt.optimizer.param_groups[group_index]["params"][group_order]
-                step = opt.optimizer.state.get(main_param, {}).get("step")
-                if step is not None:
-                    tensors = dict(tensors, step=step)
+            group_index, group_order = opt.model_param_group_index_map[model_param]
+            main_param = opt.optimizer.param_groups[group_index]["params"][group_order]
+            step = opt.optimizer.state.get(main_param, {}).get("step")
+            if step is not None:
+                tensors = dict(tensors, step=step)
             return orig(model_param, tensors)
 
         opt._set_main_param_and_optimizer_states = set_states

@@ -326,10 +326,10 @@ class TrainEngine:
 
     # -- checkpoints ------------------------------------------------------------------------------------
 
-    def save_checkpoint(self, path, extra: dict | None = None, reshardable: bool = True):
+    def save_checkpoint(self, path, extra: dict | None = None, reshardable: bool = False):
         """Collective. Model + optimizer + scheduler (+ `extra`, e.g. the trainer's step) to `path`, atomically.
-        reshardable: the optimizer state in the format that loads at any layout; False: the experimental fast
-        format (engine/checkpoint.py)."""
+        reshardable: the optimizer state in the slower format that loads at any layout; False (default): the
+        per-rank format, which loads at the same TP / PP / EP layout and any DP size (engine/checkpoint.py)."""
         extra = dict(extra or {}, engine_num_steps=self.num_steps)
         self._init_optimizer_state()
         return ckpt.save(path, self.model_chunks, self.optimizer, self.scheduler, extra, reshardable=reshardable)

@@ -7,9 +7,11 @@ A trains 3 steps; B trains 1 step and saves; C, built fresh (different random we
 and trains 2 more steps. C's weights, losses and learning rates must equal A's bit for bit. D repeats C without
 the per-parameter Adam `step` fix, to record how far the known Megatron pitfall would have moved the weights.
 B saves in the fast format (b_step1, which C and D load) and in the reshardable one (b_step1_r; G resumes from
-it at the same layout: equal to A bit for bit). Then the parallel state is rebuilt as TP=2: the fast-format
-checkpoint is refused there, and E loads the reshardable one resharded (optimizer included) and trains the same
-2 steps: equal to A up to fp32 reduction order. Results go to OUT/checkpoint/rank<r>.json.
+it at the same layout: equal to A bit for bit), then trains a second step and saves b_step2 (fast): H resumes from
+it (Adam's step must be 2, not the 1 a fresh load starts from) and trains the third: equal to A bit for bit.
+Then the parallel state is rebuilt as TP=2: the fast-format checkpoint is refused there, and E loads the
+reshardable one resharded (optimizer included) and trains the same 2 steps: equal to A up to fp32 reduction
+order. Results go to OUT/checkpoint/rank<r>.json.
 """
 
 from __future__ import annotations
@@ -71,7 +73,18 @@ if __name__ == "__main__":
     # overwriting an existing one is atomic too
     b.save_checkpoint(out / "b_step1", extra={"trainer_step": 1}, reshardable=False)
     b.save_checkpoint(out / "b_step1_r", extra={"trainer_step": 1}, reshardable=True)
+    # From step 2 too: the Adam step (in the param groups) must beat the stale per-parameter one of the fast format
+    steps(b, 1)
+    b.save_checkpoint(out / "b_step2", reshardable=False)
     del b
+    h = TrainEngine(hf, cfg, parallel, optim)
+    h.load_checkpoint(out / "b_step2")
+    report["adam_steps_after_step2_load"] = sorted({float(s["step"]) for o in inner_optimizers(h.optimizer)
+                                                    for s in o.optimizer.state.values()})
+    steps(h, 1)
+    report["resumed_from_step2_equal"] = all(torch.equal(p, params_a[k])
+                                             for k, p in C.params_by_name(h.model_chunks).items())
+    del h
 
     c = TrainEngine(hf, cfg, parallel, optim)
     report["fresh_differs"] = C.max_diff(C.params_by_name(c.model_chunks), params_a)["abs"]
