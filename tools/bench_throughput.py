@@ -54,7 +54,8 @@ def _train_args(p, model_flag: str) -> None:
     p.add_argument("--compile-rope", default="off", choices=("off", "on", "auto"),
                    help="ModelConfig.compile_rope for both sides: torch.compile the packed RoPE rotation")
     p.add_argument("--attention", default="sdpa", choices=("sdpa", "te"),
-                   help="train: both sides' layer spec, Megatron's local spec with torch SDPA or Transformer Engine's")
+                   help="train, weight_sync, e2e: both sides' layer spec, Megatron's local spec with torch SDPA or "
+                        "Transformer Engine's (an MoE's experts then run as TE's grouped GEMMs)")
     p.add_argument("--train-lm-head", default="all", choices=("all", "loss_tokens"),
                    help="ModelConfig.lm_head of our update: all (the raw loop's work: logits at every position) or "
                         "loss_tokens (the trainer's default: only where the loss mask reads them; MFU then counts "
@@ -172,7 +173,8 @@ def run_engine_benches(args, names, world: int) -> dict:
             result.update(rollout.run(engine, prompts, args.n, args.max_new_tokens, args.repeats, args.warmup))
             _save_partial(result, args.json)
         # the actor's optimizer only where it trains (e2e): weight_sync alone then fits larger models
-        actor = (common.load_actor(path, hf, parallel, with_optimizer="e2e" in names, lm_head=args.lm_head)
+        actor = (common.load_actor(path, hf, parallel, with_optimizer="e2e" in names, lm_head=args.lm_head,
+                                   attention=args.attention)
                  if {"weight_sync", "e2e"} & set(names) else None)
         if "weight_sync" in names:
             _progress("weight_sync")
@@ -186,11 +188,12 @@ def run_engine_benches(args, names, world: int) -> dict:
             from mcore_rl.bench import e2e
 
             ref = None if args.no_ref else common.load_actor(path, hf, parallel, with_optimizer=False,
-                                                             lm_head=args.lm_head)
+                                                             lm_head=args.lm_head, attention=args.attention)
             result.update(e2e.run(engine, actor, ref, hf, prompts, args.n, args.max_new_tokens, args.bucket_mb << 20,
                                   args.max_tokens_per_micro_batch, args.repeats, args.warmup, args.old_logprobs,
                                   "auto" if args.sync_layout == "all" else args.sync_layout,
-                                  args.forward_max_tokens_per_micro_batch, args.rollout_mode, args.profile))
+                                  args.forward_max_tokens_per_micro_batch, args.rollout_mode, args.profile,
+                                  attention=args.attention))
         if args.json and os.path.exists(args.json + ".partial"):  # complete: main writes args.json
             os.remove(args.json + ".partial")
     finally:

