@@ -1,7 +1,9 @@
 """Run checkpoints: folders `output_dir/checkpoints/step_NNNNNNN/`, a `latest` marker, and retention.
 
 A checkpoint holds the actor and critic (model, optimizer, scheduler: Megatron dist checkpoints written by the
-engine), each rank's RNG states, and `state.json` (step, data position, KL controller, config). It is written
+engine), each rank's RNG states, and `state.json` (step, data position, KL controller, world size and parallel
+layout, config). A run resumes at another number of processes too (run.Trainer._load: the RNG states are then
+not restored; the engine refuses a model-parallel change the optimizer format cannot follow). It is written
 into `step_NNNNNNN.tmp` and renamed when every rank has finished, then `latest` is replaced atomically, so an
 interrupted save never shadows the previous checkpoint. Older checkpoints beyond `keep_last` are deleted only
 after the new one is complete.
@@ -70,6 +72,15 @@ def remove_partial(output_dir: str) -> list[Path]:
     return partial
 
 
+def layout_str(layout: dict | None) -> str:
+    """'tp 1 x pp 1 x dp 2' (+ ep / etp / vpp where not 1) for messages; 'layout not recorded' for older ones."""
+    if not layout:
+        return "layout not recorded"
+    parts = [f"{k} {layout[k]}" for k in ("tp", "pp", "dp") if k in layout]
+    parts += [f"{k} {layout[k]}" for k in ("ep", "etp", "vpp") if layout.get(k, 1) != 1]
+    return " x ".join(parts)
+
+
 def rng_state() -> dict:
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
@@ -102,8 +113,9 @@ def read_rank_state(path: Path) -> dict:
     f = path / f"rank_{_rank():05d}.pt"
     if not f.is_file():
         raise FileNotFoundError(
-            f"{f} is missing: the checkpoint was written by fewer ranks, or is damaged; resume with the same "
-            f"number of processes, or from an earlier checkpoint (trainer.resume=<folder>)"
+            f"{f} is missing: the checkpoint is damaged, or was written by fewer ranks before checkpoints recorded "
+            f"their world size (2026-12-05); resume with the same number of processes, or from an earlier "
+            f"checkpoint (trainer.resume=<folder>)"
         )
     try:
         return torch.load(f, weights_only=False)

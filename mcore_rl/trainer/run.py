@@ -44,6 +44,9 @@ class Run:
         """Where the time before the first step goes (logged after it: loop.py)."""
         with self.startup.phase("set-up"):
             self.hf, self.model_path, tokenizer, layout = setup(cfg)
+        self.layout = {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "ep": layout.ep, "etp": layout.etp,
+                       "vpp": layout.vpp or 1}
+        """This run's parallel layout, as checkpoints record it (state.json)."""
         # One run per output folder: rank 0 holds the lock for the run's lifetime; every rank hears the verdict.
         self.lock = None
         verdict = None
@@ -201,7 +204,8 @@ class Run:
                 from mcore_rl.trainer.async_rollout import save_queue
 
                 save_queue(tmp, self.producer.state_dict())
-            state = {"step": step, **state, "config": dataclasses.asdict(cfg)}
+            state = {"step": step, **state, "world_size": dist.get_world_size(), "layout": self.layout,
+                     "config": dataclasses.asdict(cfg)}
             final = ckpt.commit(cfg.trainer.output_dir, step, tmp, state, cfg.trainer.keep_last)
         except (KeyboardInterrupt, SystemExit):
             raise
@@ -230,7 +234,16 @@ class Run:
         self.actor.load_checkpoint(path / "actor")
         if self.critic is not None:
             self.critic.load_checkpoint(path / "critic")
-        ckpt.set_rng_state(ckpt.read_rank_state(path)["rng"])
+        saved_world = state.get("world_size")  # absent before 2026-12-05: those resume at their own size only
+        if saved_world is None or saved_world == dist.get_world_size():
+            ckpt.set_rng_state(ckpt.read_rank_state(path)["rng"])
+        elif dist.get_rank() == 0:
+            log.warning(
+                "resuming %s, saved at world size %d (%s), at world size %d (%s): weights, optimizer state, LR "
+                "schedule, data position and KL controller carry over, and each sample's seed does not depend on the "
+                "layout; the ranks' RNG streams start afresh from parallel.seed and reductions run in another order, "
+                "so the run is not bit-equal to one that kept its size", path, saved_world,
+                ckpt.layout_str(state.get("layout")), dist.get_world_size(), ckpt.layout_str(self.layout))
         for task in self.tasks:
             task.load_state_dict(saved[task.name])
         if dist.get_rank() == 0:

@@ -390,8 +390,8 @@ def trained(tiny_model, arith_data, tmp_path_factory) -> Path:
 
 
 RESUME_CASES = {
-    "its rank file missing": ("rank_00000.pt", "{f} is missing: the checkpoint was written by fewer ranks, or is "
-                              "damaged"),
+    "its rank file missing": ("rank_00000.pt", "{f} is missing: the checkpoint is damaged, or was written by fewer "
+                              "ranks"),
     "its rank file truncated": ("rank_00000.pt", "{f} is truncated or corrupt ("),
     "an actor weights file truncated": ("actor/__0_0.distcp", "{f} is truncated: {f.parent}/.metadata lists "),
 }
