@@ -5,11 +5,13 @@ The state dict follows Megatron-LM: {"model": chunk.sharded_state_dict()} for on
 not tie the checkpoint to a layout. Local and Transformer Engine layer specs map to the same keys (Megatron's
 local spec renames its layer norms on save).
 
-Saves are synchronous and keep Megatron's writer from starting its helper process (`in_process_write_results`).
+Saves are synchronous and keep Megatron's writer from starting its helper process (`in_process_write_results`);
+the processes the writer forks to write its files die with the saving process (`writers_die_with_saver`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 
@@ -37,12 +39,53 @@ def in_process_write_results() -> None:
         filesystem_async._results_queue = queue.Queue()
 
 
+_saver_pid: int | None = None
+"""The pid of the process inside writers_die_with_saver() (inherited by what it forks), else None."""
+_hook_registered = False
+
+
+def _writer_forked() -> None:
+    """In a process just forked by one inside writers_die_with_saver(): die with the forking thread (and what this
+    one forks in turn, with it)."""
+    global _saver_pid
+    if _saver_pid is None:
+        return
+    from mcore_rl.procs import die_with_parent
+
+    die_with_parent()
+    if os.getppid() != _saver_pid:  # the saver died before the request took effect
+        os._exit(1)
+    _saver_pid = os.getpid()
+
+
+@contextlib.contextmanager
+def writers_die_with_saver():
+    """While the block runs, every process this one forks is killed (SIGKILL) when the forking thread exits.
+
+    Megatron's filesystem writer forks one process per write bucket on every save (multiprocessing's fork
+    context), and those wrote on into the `.tmp` folder, holding their copies of the state in memory, after the
+    saver was killed (`kill -9`, the OOM killer, a scheduler's hard stop), until they had written their files:
+    orphans, for a minute on a large model, while the restarted job already began. Linux only (prctl), like
+    mcore_rl.procs; elsewhere the block just runs. The saving thread must be the one that forks (saves here are
+    synchronous: it is)."""
+    global _saver_pid, _hook_registered
+    if not _hook_registered:
+        os.register_at_fork(after_in_child=_writer_forked)
+        _hook_registered = True
+    _saver_pid = os.getpid()
+    try:
+        yield
+    finally:
+        _saver_pid = None
+
+
 def save_mcore_checkpoint(chunks: list, ckpt_dir: str | os.PathLike) -> None:
     """Collective: every rank saves its shards of the model into ckpt_dir (an existing, empty folder)."""
     from megatron.core import dist_checkpointing
 
     in_process_write_results()
-    dist_checkpointing.save(sharded_model_state(chunks), str(ckpt_dir))
+    with writers_die_with_saver():
+        dist_checkpointing.save(sharded_model_state(chunks), str(ckpt_dir))
 
 
 def load_mcore_checkpoint(chunks: list, ckpt_dir: str | os.PathLike) -> None:

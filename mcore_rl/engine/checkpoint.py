@@ -27,7 +27,8 @@ Workarounds for the plain torch-Adam path (no Transformer Engine / apex; each wa
   parameter per step and bias correction goes wrong (params drift silently): `_unshare_adam_steps` gives each
   parameter its own copy. tests/engine/test_checkpoint.py checks that a resumed run equals an uninterrupted one.
 
-Saves are synchronous and start no helper process (bridge.checkpoint.in_process_write_results).
+Saves are synchronous and start no helper process (bridge.checkpoint.in_process_write_results); the writer
+processes Megatron forks die with the saver (bridge.checkpoint.writers_die_with_saver).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from pathlib import Path
 import torch
 from megatron.core import dist_checkpointing
 
-from mcore_rl.bridge.checkpoint import in_process_write_results
+from mcore_rl.bridge.checkpoint import in_process_write_results, writers_die_with_saver
 from mcore_rl.engine.optimizer import inner_optimizers
 from mcore_rl.parallel.runtime import barrier as _barrier
 from mcore_rl.parallel.runtime import rank as _rank
@@ -89,7 +90,8 @@ def save(path: str | os.PathLike, chunks, optimizer=None, scheduler=None, extra:
     state = sharded_state_dict(chunks, optimizer, scheduler, extra, is_loading=False, sharding=sharding)
     meta = {"distrib_optim_sharding_type": sharding, "layout": layout(len(chunks))}
     in_process_write_results()
-    dist_checkpointing.save(state, str(tmp), content_metadata=meta)
+    with writers_die_with_saver():
+        dist_checkpointing.save(state, str(tmp), content_metadata=meta)
     _barrier()
     if _rank() == 0:
         old = path.with_name(path.name + ".old")
