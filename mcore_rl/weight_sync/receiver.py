@@ -16,11 +16,12 @@ import contextlib
 import json
 import logging
 import os
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from mcore_rl.rollout.backend import Backend, check_result
+from mcore_rl.rollout.backend import Backend, check_result, outcome
 from mcore_rl.rollout.errors import RolloutEngineError
 from mcore_rl.weight_sync.plan import EngineFacts, engine_blocker
 
@@ -48,6 +49,10 @@ class _Sync:
     began_session: bool  # SGLang 0.5.23's begin_weight_update was called; end_weight_update must follow
     num_tensors: int = 0
     flushed: bool = False  # the cache was flushed by the last update call itself (update_from_shared)
+
+
+FLUSH_RETRY_S = 10.0
+"""How long a refused cache flush is asked again (WeightReceiver.flush_cache)."""
 
 
 class WeightReceiver:
@@ -126,9 +131,19 @@ class WeightReceiver:
         self.end_update(flush_cache)
 
     def flush_cache(self) -> None:
-        """Drop SGLang's prefix (radix) cache, whose KV entries were computed with older weights."""
-        check_result(self._call("flush the cache", self.backend.flush_cache),
-                     "flush the cache (it refuses while requests are running)")
+        """Drop SGLang's prefix (radix) cache, whose KV entries were computed with older weights.
+
+        SGLang refuses while its scheduler holds a request, and the requests of a generate() call that has just
+        returned are retired by the scheduler's next loop: on a loaded machine a flush right after generation
+        was refused (tests/weight_sync/test_sync_layout.py, once in a CI run). A refusal is asked again every
+        50 ms for up to FLUSH_RETRY_S (or timeout_s if shorter); what still refuses then is an error."""
+        deadline = time.monotonic() + min(FLUSH_RETRY_S, self.timeout_s)
+        while True:
+            result = self._call("flush the cache", self.backend.flush_cache)
+            if outcome(result)[0] or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        check_result(result, "flush the cache (it refuses while requests are running)")
 
     # -- colocated tensors ------------------------------------------------------------------------------------
     def update_bucket(self, named_tensors: NamedTensors, layout: str = "hf") -> None:

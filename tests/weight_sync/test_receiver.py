@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from mcore_rl.rollout.backend import Backend
+from mcore_rl.rollout.errors import RolloutEngineError
 from mcore_rl.weight_sync.loaders import LOADERS
 from mcore_rl.weight_sync.plan import EngineFacts
 from mcore_rl.weight_sync.receiver import WeightReceiver
@@ -49,8 +50,14 @@ class FakeBackend(Backend):
                 params[name].data.copy_(t)
         return True, ""
 
+    refuse_flushes = 0
+    """How many flushes to refuse first, as SGLang does while its scheduler still holds requests."""
+
     def flush_cache(self):
         self.log.append(("flush",))
+        if self.refuse_flushes > 0:
+            self.refuse_flushes -= 1
+            return False, "Cache not flushed because there are pending requests. #queue-req: 0, #running-req: 1"
         return True, ""
 
     def update_weights_from_disk(self, model_path: str):
@@ -73,6 +80,18 @@ def test_one_sync_is_one_session_one_flush_and_one_version():
     assert backend.log == [("begin",), ("update", None, False), ("update", None, False), ("end",), ("flush",)]
     assert weights.update_weights_from_tensors([("model.w", torch.ones(2))], flush_cache=False) == 2
     assert backend.log[-1] == ("end",)  # no flush asked for
+
+
+def test_a_refused_flush_is_asked_again_until_the_scheduler_is_idle():
+    weights, backend = receiver()
+    backend.refuse_flushes = 3  # requests of the generation that just returned, not yet retired
+    weights.update_weights_from_tensors([("model.w", torch.ones(2))])
+    assert weights.version == 1 and backend.log.count(("flush",)) == 4
+    slow = WeightReceiver(backend, EngineFacts(), timeout_s=0.3)  # bounded by the call timeout when shorter
+    backend.refuse_flushes = 10 ** 6  # a scheduler that stays busy: an error naming why, after the bound
+    with pytest.raises(RolloutEngineError, match=r"refused to flush the cache \(it refuses while requests are "
+                                                 r"running\): Cache not flushed because there are pending"):
+        slow.flush_cache()
 
 
 def test_a_failed_sync_leaves_the_session_bumps_nothing_and_is_remembered():
