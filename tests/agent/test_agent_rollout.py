@@ -24,19 +24,19 @@ from mcore_rl.agent.rollout import AgentRollout, agent_metrics, reply_template, 
 from mcore_rl.config.agent import AgentConfig
 from mcore_rl.config.rollout import RolloutConfig
 from mcore_rl.types import Sample
-from tests.agent.tiny_agent import REPLY_FORMAT, SCRIPTS, Boom, Sleepy, make_agent_model, prompt_ids, make_tools
+from tests.agent.tiny_agent import REPLY_FORMAT, SCRIPTS, Boom, Sleepy, make_tools, prompt_ids
 
 LOGPROB_TOL = 1e-4
 N = 2  # trajectories per prompt: 12 in flight
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(trained_agent_model):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from mcore_rl.rollout import RolloutEngine
 
-    path, loss = make_agent_model(tmp_path_factory.mktemp("agent") / "model", steps=300)
+    path, loss = trained_agent_model
     assert loss < 0.1, f"the tiny agent model did not memorise its scripts (loss {loss})"
     tok = AutoTokenizer.from_pretrained(path)
     cfg = RolloutConfig(dtype="fp32", max_total_tokens=8192, request_batch_size=4, max_concurrent_requests=4,

@@ -15,7 +15,7 @@ import shutil
 
 import pytest
 
-from tests.agent.tiny_agent import SCRIPTS, make_agent_model
+from tests.agent.tiny_agent import SCRIPTS
 from tests.trainer.conftest import read_metrics, run_train, tiny_overrides
 
 pytestmark = pytest.mark.slow
@@ -27,9 +27,8 @@ AGENT = ["+agent=calculator", "agent.max_turns=3", "agent.max_response_tokens=30
 
 
 @pytest.fixture(scope="module")
-def agent_model(tmp_path_factory):
-    model, _ = make_agent_model(tmp_path_factory.mktemp("agent") / "model", steps=300)
-    return model
+def agent_model(trained_agent_model):
+    return trained_agent_model[0]
 
 
 @pytest.fixture(scope="module")
