@@ -121,8 +121,10 @@ def load(path: str | os.PathLike, chunks, optimizer=None, scheduler=None, strict
             raise ValueError(
                 f"the checkpoint {str(path)!r} holds its optimizer state in the fast format, which loads only at the "
                 f"model-parallel layout it was saved at ({_layout_str(saved)}), not at this run's "
-                f"({_layout_str(here)}; DP may differ). Resume at that layout, or load the weights alone (a fresh "
-                "optimizer); to change layouts on resume, save with trainer.checkpoint_reshardable=true")
+                f"({_layout_str(here)}; DP may differ). Resume at that layout; or take its weights with a fresh "
+                f"optimizer (python tools/convert_hf.py to-hf --ckpt {str(path)!r} --hf-dir <the run's model.path> "
+                "--out DIR, then model.path=DIR); to change layouts on resume, save with "
+                "trainer.checkpoint_reshardable=true")
         _init_adam_state(optimizer)
     state = sharded_state_dict(chunks, optimizer, scheduler, is_loading=True, sharding=sharding)
     loaded = dist_checkpointing.load(state, str(path))
