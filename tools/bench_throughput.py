@@ -53,13 +53,16 @@ def _train_args(p, model_flag: str) -> None:
                    help="ModelConfig.packed_rope for both sides: off = Megatron's per-sequence RoPE")
     p.add_argument("--compile-rope", default="off", choices=("off", "on", "auto"),
                    help="ModelConfig.compile_rope for both sides: torch.compile the packed RoPE rotation")
-    p.add_argument("--attention", default="sdpa", choices=("sdpa", "te"),
-                   help="train, weight_sync, e2e: both sides' layer spec, Megatron's local spec with torch SDPA or "
-                        "Transformer Engine's (an MoE's experts then run as TE's grouped GEMMs)")
     p.add_argument("--train-lm-head", default="all", choices=("all", "loss_tokens"),
                    help="ModelConfig.lm_head of our update: all (the raw loop's work: logits at every position) or "
                         "loss_tokens (the trainer's default: only where the loss mask reads them; MFU then counts "
                         "the output layer only where it ran)")
+
+
+def _attention_arg(p) -> None:
+    p.add_argument("--attention", default="sdpa", choices=("sdpa", "te"),
+                   help="train, weight_sync, e2e: both sides' layer spec, Megatron's local spec with torch SDPA or "
+                        "Transformer Engine's (an MoE's experts then run as TE's grouped GEMMs)")
 
 
 def _engine_args(p) -> None:
@@ -103,11 +106,15 @@ def parse_args():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", default=None, help="write the figures here")
     sub = parser.add_subparsers(dest="what", required=True)
-    _train_args(sub.add_parser("train", help="actor update vs raw Megatron-Core"), "--model")
+    train = sub.add_parser("train", help="actor update vs raw Megatron-Core")
+    _train_args(train, "--model")
+    _attention_arg(train)
     for name, helptext in (("rollout", "RolloutEngine.generate vs raw sglang.Engine.generate"),
                            ("weight_sync", "colocated weight sync vs a plain copy"),
                            ("e2e", "one GRPO step vs the sum of raw parts")):
-        _engine_args(sub.add_parser(name, help=helptext))
+        engine_bench = sub.add_parser(name, help=helptext)
+        _engine_args(engine_bench)
+        _attention_arg(engine_bench)
     mt = sub.add_parser("multitask", help="a multi-task run vs each of its tasks run alone (step time, memory)")
     mt.add_argument("--experiment", default="multitask_grpo_dpo", help="a recipe with `tasks:` (conf/experiment/)")
     mt.add_argument("--steps", type=int, default=4, help="steps per run (the first is not timed)")
@@ -121,6 +128,7 @@ def parse_args():
     everything = sub.add_parser("all", help="train, rollout, weight_sync and e2e in one process")
     _engine_args(everything)
     _train_args(everything, "--train-model")
+    _attention_arg(everything)
     return parser.parse_args()
 
 
