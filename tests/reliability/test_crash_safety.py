@@ -69,6 +69,15 @@ def _living(pids) -> list[int]:
     return alive
 
 
+def _cmdline(p: psutil.Process) -> str:
+    """A process's command line, "" for one that has exited (a zombie not yet reaped, such as a checkpoint writer
+    the save forked and has not joined yet: psutil refuses to read its command line) or is gone."""
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
+
+
 def _run_port(proc) -> str:
     """The MASTER_PORT of a launched run, read from a worker's environment: what every process the run starts
     inherits, and what _of_run finds them by."""
@@ -225,8 +234,8 @@ def test_engine_death_is_one_line_and_leaves_nothing(tiny_model, arith_data, tmp
         port = _run_port(proc)
         tree = psutil.Process(proc.pid).children(recursive=True)
         run_pids = [c.pid for c in tree]
-        scheduler = [c for c in tree if "sglang::scheduler" in " ".join(c.cmdline())]
-        assert scheduler, [c.cmdline()[:2] for c in tree]
+        scheduler = [c for c in tree if "sglang::scheduler" in _cmdline(c)]
+        assert scheduler, [_cmdline(c)[:200] for c in tree]
         scheduler[0].kill()
         t0 = time.monotonic()
         exit_s = _ended(proc, run_pids, t0)
@@ -235,7 +244,7 @@ def test_engine_death_is_one_line_and_leaves_nothing(tiny_model, arith_data, tmp
         assert len(lines) == 1, text[-4000:]
         assert "Last checkpoint:" in lines[0] and "trainer.resume=auto" in lines[0]
         orphans = _of_run(port)  # none of the run's processes, the tree's snapshot or not, outlives it
-        assert not orphans, [psutil.Process(p).cmdline()[:3] for p in orphans]
+        assert not orphans, [_cmdline(psutil.Process(p))[:200] for p in orphans]
         # nothing half-written: every metrics row whole, the checkpoint `latest` names complete, no partial one
         text = (out / "metrics.jsonl").read_text()
         assert text.endswith("\n") and all(json.loads(row) for row in text.splitlines())
@@ -256,7 +265,7 @@ signal can be aimed at either."""
 
 
 def _workers(proc) -> list[psutil.Process]:
-    return [c for c in psutil.Process(proc.pid).children() if "train_ppo.py" in " ".join(c.cmdline())]
+    return [c for c in psutil.Process(proc.pid).children() if "train_ppo.py" in _cmdline(c)]
 
 
 def _sigterm_workers(proc) -> list[int]:
@@ -362,7 +371,7 @@ def _wait_for_engine_start(proc, out: Path) -> None:
             pytest.fail(f"the run exited early with {proc.returncode}")
         try:
             tree = psutil.Process(proc.pid).children(recursive=True)
-            if any("sglang::scheduler" in " ".join(c.cmdline()) for c in tree):
+            if any("sglang::scheduler" in _cmdline(c) for c in tree):
                 assert not (out / "metrics.jsonl").exists()
                 return
         except psutil.NoSuchProcess:  # a process of the tree came or went while we looked
