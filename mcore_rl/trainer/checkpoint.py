@@ -2,7 +2,7 @@
 
 A checkpoint holds the actor and critic (model, optimizer, scheduler: Megatron dist checkpoints written by the
 engine), each rank's RNG states, and `state.json` (step, data position, KL controller, world size and parallel
-layout, config). A run resumes at another number of processes too (run.Trainer._load: the RNG states are then
+layout, config). A run resumes at another number of processes too (run.Run._load: the RNG states are then
 not restored; the engine refuses a model-parallel change the optimizer format cannot follow). It is written
 into `step_NNNNNNN.tmp` and renamed when every rank has finished, then `latest` is replaced atomically, so an
 interrupted save never shadows the previous checkpoint. Older checkpoints beyond `keep_last` are deleted only
