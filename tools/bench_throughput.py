@@ -83,6 +83,9 @@ def _engine_args(p) -> None:
                    help="e2e: token budget of the forward-only passes' micro batches (0 = twice the update's, as "
                         "the trainer's actor.forward_max_tokens_per_micro_batch)")
     p.add_argument("--no-ref", action="store_true", help="e2e without the reference model's forward")
+    p.add_argument("--forward-cuda-graphs", default="off", choices=("off", "on"),
+                   help="e2e: ModelConfig.forward_cuda_graphs of the actor and the reference (their forward-only "
+                        "passes replayed from CUDA graphs)")
     p.add_argument("--lm-head", default="loss_tokens", choices=("loss_tokens", "all"),
                    help="e2e: ModelConfig.lm_head of the actor and the reference (the trainer's default: logits "
                         "only at response tokens); the raw update always computes them at every position")
@@ -181,8 +184,9 @@ def run_engine_benches(args, names, world: int) -> dict:
             result.update(rollout.run(engine, prompts, args.n, args.max_new_tokens, args.repeats, args.warmup))
             _save_partial(result, args.json)
         # the actor's optimizer only where it trains (e2e): weight_sync alone then fits larger models
+        graphs = getattr(args, "forward_cuda_graphs", "off")
         actor = (common.load_actor(path, hf, parallel, with_optimizer="e2e" in names, lm_head=args.lm_head,
-                                   attention=args.attention)
+                                   attention=args.attention, forward_cuda_graphs=graphs)
                  if {"weight_sync", "e2e"} & set(names) else None)
         if "weight_sync" in names:
             _progress("weight_sync")
@@ -196,7 +200,8 @@ def run_engine_benches(args, names, world: int) -> dict:
             from mcore_rl.bench import e2e
 
             ref = None if args.no_ref else common.load_actor(path, hf, parallel, with_optimizer=False,
-                                                             lm_head=args.lm_head, attention=args.attention)
+                                                             lm_head=args.lm_head, attention=args.attention,
+                                                             forward_cuda_graphs=graphs)
             result.update(e2e.run(engine, actor, ref, hf, prompts, args.n, args.max_new_tokens, args.bucket_mb << 20,
                                   args.max_tokens_per_micro_batch, args.repeats, args.warmup, args.old_logprobs,
                                   "auto" if args.sync_layout == "all" else args.sync_layout,

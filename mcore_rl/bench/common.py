@@ -61,16 +61,17 @@ def raw_sglang(engine):
 
 
 def load_actor(path: str, hf: dict, parallel, with_optimizer: bool = True, lr: float = 1e-6,
-               lm_head: str = "loss_tokens", attention: str = "sdpa"):
+               lm_head: str = "loss_tokens", attention: str = "sdpa", forward_cuda_graphs: str = "off"):
     """TrainEngine with the folder's weights (optimizer for the actor, none for a reference); attention: the layer
     spec, "sdpa" (Megatron's local spec) or "te" (Transformer Engine's; an MoE's experts then run as grouped
-    GEMMs)."""
+    GEMMs); forward_cuda_graphs: ModelConfig's."""
     from mcore_rl.bridge import load_hf_weights
     from mcore_rl.config.model import ModelConfig
     from mcore_rl.config.optim import OptimConfig
     from mcore_rl.engine import TrainEngine
 
-    model_cfg = ModelConfig(dtype=model_dtype(), attention=attention, max_seq_len=4096, lm_head=lm_head)
+    model_cfg = ModelConfig(dtype=model_dtype(), attention=attention, max_seq_len=4096, lm_head=lm_head,
+                            forward_cuda_graphs=forward_cuda_graphs)
     eng = TrainEngine(hf, model_cfg, parallel, OptimConfig(lr=lr, clip_grad=1.0) if with_optimizer else None)
     load_hf_weights(eng.model_chunks, path, hf)
     eng.reload_master_weights()

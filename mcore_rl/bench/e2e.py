@@ -201,7 +201,8 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
            "e2e.old_logprobs_mode": "recompute" if step.recompute else "skip", "e2e.sync_layout": step.sync.layout,
            "e2e.lm_head": actor.model_info.lm_head,
            "e2e.forward_max_tokens_per_micro_batch": step.forward_max_tokens, "e2e.rollout_mode": rollout_mode,
-           "e2e.attention": attention}
+           "e2e.attention": attention,
+           "e2e.forward_cuda_graphs": "on" if getattr(actor, "graphed", None) is not None else "off"}
     out["e2e.ratio_vs_raw_parts"] = out["e2e.raw_parts_s"] / out["e2e.step_s"]
     for part in ours[0]:
         out[f"e2e.{part}_s"] = median([o[part] for o in ours])

@@ -13,6 +13,7 @@ FUSED_SWIGLU = ("auto", "on", "off")
 LM_HEAD = ("loss_tokens", "all")
 COMPILE_ROPE = ("off", "on", "auto")
 PACKED_ATTENTION = ("auto", "varlen", "padded", "loop")
+FORWARD_CUDA_GRAPHS = ("off", "on", "static")
 MOE_DISPATCHERS = ("alltoall", "allgather")
 MOE_GROUPED_GEMM = ("auto", "on", "off")
 
@@ -59,6 +60,13 @@ class ModelConfig:
     auto (the flash varlen kernel on CUDA in fp16 / bf16 without dropout or sliding window when the sequences
     differ in length, else padded), varlen, padded (one batched SDPA call) or loop (one call per sequence, the
     reference path). See models/attention.py."""
+    forward_cuda_graphs: str = "off"
+    """Forward-only log-prob passes (reference and old log-probs) replayed from CUDA graphs over fixed-size packed
+    micro batches (engine/graphed_forward.py): on a GPU these passes are bound by the host that launches their
+    kernels. on: graphs where they apply (CUDA, one pipeline stage, a dense language model, SDPA attention, no
+    sequence parallelism; elsewhere the eager path runs and the reason is logged once); static: the graphs' fixed
+    layout run eagerly, without capturing (any device: checks the layout's numbers); off. Graphs hold a memory
+    pool of their own (activations of one micro batch, and the logits of `head` rows at a time)."""
     moe_aux_loss_coeff: float = 0.0
     """Mixture-of-experts models only (docs/moe.md): weight of the load-balancing auxiliary loss (Switch /
     GShard form, Megatron's moe_aux_loss_coeff with load balancing "aux_loss"), added to the gradient of every MoE
@@ -102,6 +110,9 @@ class ModelConfig:
         if self.compile_rope != "off" and not self.packed_rope:
             raise ValueError(f"model.compile_rope={self.compile_rope} compiles the packed RoPE path, which "
                              "model.packed_rope=false turns off; set compile_rope=off or packed_rope=true")
+        if self.forward_cuda_graphs not in FORWARD_CUDA_GRAPHS:
+            raise ValueError(f"model.forward_cuda_graphs must be one of {FORWARD_CUDA_GRAPHS}, "
+                             f"got {self.forward_cuda_graphs!r}")
         if self.packed_attention not in PACKED_ATTENTION:
             raise ValueError(f"model.packed_attention must be one of {PACKED_ATTENTION}, got {self.packed_attention!r}")
         for name in ("moe_aux_loss_coeff", "moe_z_loss_coeff"):

@@ -12,6 +12,7 @@ See forward_backward.py for the loss function contract and how losses are normal
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
@@ -30,6 +31,8 @@ from mcore_rl.engine.optimizer import (build_optimizer, build_scheduler, fast_op
 
 if TYPE_CHECKING:
     from mcore_rl.models.builder import BuiltModel
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -116,6 +119,16 @@ class TrainEngine:
                                interleaved=len(self.model_chunks) > 1)
         self.num_steps = 0
         self.lr_multiplier = 1.0
+        self.graphed = None
+        """engine/graphed_forward.GraphedForward with model.forward_cuda_graphs on / static, else None."""
+        graphs = model_cfg.forward_cuda_graphs
+        if graphs == "on" and self.device.type != "cuda":
+            logger.info("model.forward_cuda_graphs=on: no CUDA device, eager forward passes")
+        elif graphs != "off" and len(self.model_chunks) == 1:
+            from mcore_rl.engine.graphed_forward import GraphedForward
+
+            self.graphed = GraphedForward(self.model_chunks[0], self.model_info, capture=graphs == "on")
+        self._graph_refusal: str | None = None
 
     @property
     def is_critic(self) -> bool:
@@ -155,6 +168,16 @@ class TrainEngine:
         values (the rest are 0); micro batches without a loss mask get every position's."""
         if self.is_critic:
             raise ValueError("compute_logprobs needs a language model; this engine is a critic (compute_values)")
+        if self.graphed is not None:
+            from mcore_rl.engine.graphed_forward import unsupported
+
+            reason = unsupported(self.model_chunks[0], self.model_info, micro_batches, self.router_hooks)
+            if reason is None:
+                return self.graphed.compute_logprobs(micro_batches, temperature=temperature,
+                                                     with_entropy=with_entropy)
+            if reason != self._graph_refusal:
+                self._graph_refusal = reason
+                logger.info("model.forward_cuda_graphs: eager forward passes (%s)", reason)
         return self.forward_backward(micro_batches, None, forward_only=True, temperature=temperature,
                                      with_entropy=with_entropy, collect_outputs=True,
                                      broadcast_outputs=True).outputs

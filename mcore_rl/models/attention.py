@@ -98,7 +98,9 @@ class SDPAttention(MegatronModule):
         t = query.size(0)
         impl = self.packed_impl
         dropout = self.dropout_p if self.training else 0.0
-        if impl == "auto":  # equal lengths: a reshape, the same batched SDPA call (cuDNN on H100/H200) as unpacked
+        if layout.static:  # a CUDA graph's fixed layout (engine/graphed_forward.py): no bounds on the host
+            impl = "varlen"
+        elif impl == "auto":  # equal lengths: a reshape, the same batched SDPA call (cuDNN on H100/H200) as unpacked
             varlen_ok = _varlen_supported(query) and self.window is None and dropout == 0.0
             impl = "varlen" if varlen_ok and not layout.uniform else "padded"
         if impl == "loop":
@@ -150,6 +152,9 @@ else padded), "varlen", "padded" or "loop"."""
 class _PackedLayout:
     """Host and device views of one micro batch's cu_seqlens, built once and reused by every layer."""
 
+    static = False
+    """True for a CUDA graph's layout (static_layout), which knows only cu, the padded total and a length bound."""
+
     def __init__(self, cu: torch.Tensor, device):
         bounds = [int(b) for b in cu.tolist()]  # the one host sync per micro batch
         self.cu_source = cu
@@ -170,6 +175,22 @@ class _PackedLayout:
             self.valid_index = (col[None, :] < length[:, None]).flatten().nonzero().squeeze(1)  # into [n * L]
             # Positions past a sequence's end repeat its last token: finite values, never seen by real queries.
             self.gather = start[:, None] + torch.minimum(col[None, :], length[:, None] - 1)
+
+
+def static_layout(cu: torch.Tensor, total: int, max_len: int) -> _PackedLayout:
+    """The layout of a CUDA graph's packed micro batch (engine/graphed_forward.py): `cu` (int32, on the device) is
+    rewritten between replays, so nothing is read from it on the host; `total` tokens, every sequence at most
+    `max_len` long, empty sequences allowed. Only the varlen kernel runs it. Set it as the PackedSeqParams'
+    `_mcore_rl_layout`."""
+    layout = _PackedLayout.__new__(_PackedLayout)
+    layout.static = True
+    layout.cu_source = layout.cu = cu
+    layout.bounds = None
+    layout.num_seqs = cu.numel() - 1
+    layout.total = total
+    layout.max_len = max_len
+    layout.uniform = False
+    return layout
 
 
 def _cumsum(values):

@@ -58,6 +58,12 @@ def _packed_cos_sin(freqs, cu_seqlens, num_tokens: int, dtype, mscale: float):
     return value
 
 
+def clear_cache() -> None:
+    """Forget the cached cos / sin (engine/graphed_forward.py: a CUDA graph must compute them inside the capture,
+    not bake in a tensor cached before it)."""
+    _cache["key"] = _cache["value"] = None
+
+
 def _rotate(t, cos, sin, interleaved: bool):
     """Megatron's `_apply_rotary_pos_emb_bshd` after its cos / sin (no multi-latent attention), op for op."""
     rot_dim = cos.shape[-1]
