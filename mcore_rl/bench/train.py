@@ -114,6 +114,12 @@ class RawMegatron:
         self.opt.step()
 
 
+def _module_kinds(engine, names) -> str:
+    """Which of these module classes the engine's model holds (what a layer spec or setting resolved to)."""
+    found = {type(m).__name__ for c in engine.model_chunks for m in c.modules()}
+    return ",".join(n for n in names if n in found)
+
+
 def run(model: str = "qwen2.5-0.5b", seq_len: int = 2048, tokens_per_step: int = 16384, iters: int = 6,
         warmup: int = 2, dtype: str = "bf16", peak_tflops: float = 772.0, variable: bool = True,
         recompute: str = "none", fast_optimizer: str = "auto", fused_swiglu: str = "auto",
@@ -172,7 +178,9 @@ def run(model: str = "qwen2.5-0.5b", seq_len: int = 2048, tokens_per_step: int =
     result = {
         "model": model, "dtype": dtype, "recompute": recompute, "seq_len": seq_len, "tokens_per_step": n_seq * seq_len,
         "train.fast_optimizer": ours.fast_optimizer, "train.fused_swiglu": fused_swiglu, "train.lm_head": lm_head,
-        "train.packed_rope": packed_rope, "train.compile_rope": compile_rope,
+        "train.packed_rope": packed_rope, "train.compile_rope": compile_rope, "train.attention": attention,
+        "train.core_attention": _module_kinds(ours, ("SDPAttention", "TEDotProductAttention", "DotProductAttention")),
+        "train.experts": _module_kinds(ours, ("TEGroupedMLP", "SequentialMLP", "GroupedMLP")) or "dense",
         "train.step_s": med_ours, "train.raw_step_s": med_raw,
         "train.tokens_per_s": n_seq * seq_len / med_ours, "train.raw_tokens_per_s": n_seq * seq_len / med_raw,
         "train.ratio_vs_raw": med_raw / med_ours,

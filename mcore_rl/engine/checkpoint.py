@@ -120,8 +120,8 @@ def load(path: str | os.PathLike, chunks, optimizer=None, scheduler=None, strict
         if sharding == FAST and _model_parallel(saved) != _model_parallel(here):
             raise ValueError(
                 f"the checkpoint {str(path)!r} holds its optimizer state in the fast format, which loads only at the "
-                f"model-parallel layout it was saved at ({_layout_str(saved)}), not at this run's "
-                f"({_layout_str(here)}; DP may differ). Resume at that layout; or take its weights with a fresh "
+                f"model-parallel layout it was saved at ({layout_str(saved)}), not at this run's "
+                f"({layout_str(here)}; DP may differ). Resume at that layout; or take its weights with a fresh "
                 f"optimizer (python tools/convert_hf.py to-hf --ckpt {str(path)!r} --hf-dir <the run's model.path> "
                 "--out DIR, then model.path=DIR); to change layouts on resume, save with "
                 "trainer.checkpoint_reshardable=true")
@@ -147,10 +147,16 @@ def _model_parallel(lay: dict | None) -> dict | None:
     return None if lay is None else {k: v for k, v in lay.items() if k != "dp"}
 
 
-def _layout_str(lay: dict | None) -> str:
+def layout_str(lay: dict | None) -> str:
+    """'tp 1 x pp 1 x dp 2' (+ ep and vpp where not 1, etp where not tp, its default) of a `layout()` dict, for
+    messages; 'layout not recorded' for checkpoints that predate it."""
     if not lay:
-        return "unknown"
-    return ", ".join(f"{k.upper()}={v}" for k, v in lay.items())
+        return "layout not recorded"
+    parts = [f"{k} {lay[k]}" for k in ("tp", "pp", "dp") if k in lay]
+    parts += [f"{k} {lay[k]}" for k in ("ep", "vpp") if lay.get(k, 1) != 1]
+    if lay.get("etp", lay.get("tp")) != lay.get("tp"):
+        parts.append(f"etp {lay['etp']}")
+    return " x ".join(parts)
 
 
 @contextlib.contextmanager

@@ -173,8 +173,11 @@ class TrainEngine:
 
             reason = unsupported(self.model_chunks[0], self.model_info, micro_batches, self.router_hooks)
             if reason is None:
-                return self.graphed.compute_logprobs(micro_batches, temperature=temperature,
-                                                     with_entropy=with_entropy)
+                return self.graphed.compute_logprobs(
+                    micro_batches, lambda mbs: self.forward_backward(
+                        mbs, None, forward_only=True, temperature=temperature, with_entropy=with_entropy,
+                        collect_outputs=True, broadcast_outputs=True).outputs,
+                    temperature=temperature, with_entropy=with_entropy)
             if reason != self._graph_refusal:
                 self._graph_refusal = reason
                 logger.info("model.forward_cuda_graphs: eager forward passes (%s)", reason)

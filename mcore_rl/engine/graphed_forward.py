@@ -15,10 +15,11 @@ How: a graph replays fixed shapes and fixed addresses, so each packed micro batc
 
 and copied into static device buffers; the graph runs the model (embedding, layers, final norm: Megatron's GPTModel
 with its output layer skipped), keeps the R rows, and computes their log-probs (and entropies) with the output layer
-in chunks of `head_rows`, so the logits of only one chunk exist at a time. One graph per (shape, temperature,
-entropy); micro batches of one call share a shape. Graphs share one memory pool and are dropped when the weights move
-(their addresses are checked each call) or when `release()` is called (before the rollout engine takes the memory
-back, say).
+in chunks of `head_rows`, so the logits of only one chunk exist at a time. Each micro batch has its own shape (one
+shape shared by a call's micro batches padded a 5k-token remainder to 16k on the H100 and cancelled the gain). One
+graph per (shape, temperature, entropy), captured the second time its shape comes. Graphs share one memory pool and
+are dropped when the weights move (their addresses are checked each call) or when `release()` is called (before the
+rollout engine takes the memory back, say).
 
 What it needs: a CUDA device, one pipeline stage and one model chunk, a dense language model (MoE dispatch reads
 token counts on the host; critics are not graphed), SDPA attention with packed micro batches (the flash varlen
@@ -183,6 +184,8 @@ class GraphedForward:
         self.pool = None
         self.weights_key = None
         self.num_captures = 0
+        self.seen: dict = {}
+        """How often each shape not captured yet has been met."""
 
     def release(self) -> None:
         """Drop every graph and its memory pool."""
@@ -194,33 +197,46 @@ class GraphedForward:
     def _weights(self) -> tuple:
         return tuple(t.data_ptr() for t in (*self.model.parameters(), *self.model.buffers()))
 
-    def compute_logprobs(self, micro_batches: Sequence[MicroBatch], *, temperature: float = 1.0,
+    def compute_logprobs(self, micro_batches: Sequence[MicroBatch], eager, *, temperature: float = 1.0,
                          with_entropy: bool = False) -> list[dict[str, torch.Tensor]]:
-        """TrainEngine.compute_logprobs's result for packed micro batches (same layout, 0 off the loss mask)."""
+        """TrainEngine.compute_logprobs's result for packed micro batches (same layout, 0 off the loss mask).
+
+        Each micro batch gets its own shape. With capture, a shape is captured the second time it is seen (a run's
+        shapes recur from step to step; a one-off one would cost a capture, about three forward passes, for one
+        replay); until then `eager(micro_batches)` (the engine's own forward pass) computes it."""
         device = next(self.model.parameters()).device
-        found = []
-        for mb in micro_batches:  # positions on the host, before anything is queued on the device
+        keys, inputs = [], []
+        for mb in micro_batches:  # positions and shapes on the host, before anything is queued on the device
             if "loss_mask" in mb.fields and self.info.lm_head == "loss_tokens":
                 (_, cols), empty = lm_head.positions(mb["loss_mask"].cpu())
-                found.append(cols[:0] if empty else cols)
+                cols = cols[:0] if empty else cols
             else:
-                found.append(torch.arange(mb.input_ids.size(1)))
-        shape = static_shape([(mb.seq_lengths, mb.input_ids.size(1)) for mb in micro_batches],
-                             [max(len(c), 1) for c in found])
-        inputs = []
-        for mb, cols in zip(micro_batches, found):
-            bounds = torch.tensor(static_bounds(mb.seq_lengths, shape), dtype=torch.int32)
-            mb.to(device)
-            inputs.append((bounds.to(device), cols.to(device)))
+                cols = torch.arange(mb.input_ids.size(1))
+            shape = static_shape([(mb.seq_lengths, mb.input_ids.size(1))], [max(len(cols), 1)])
+            keys.append((shape, float(temperature), bool(with_entropy)))
+            inputs.append((torch.tensor(static_bounds(mb.seq_lengths, shape), dtype=torch.int32), cols))
         if self.capture:
             weights = self._weights()
             if weights != self.weights_key:
                 self.release()
                 self.weights_key = weights
-        key = (shape, float(temperature), bool(with_entropy))
-        results = []
+        results: list = [None] * len(micro_batches)
+        if len(self.seen) > 4096:  # a long run's one-off shapes
+            self.seen.clear()
+        later = []
+        for i, key in enumerate(keys):
+            if self.capture and key not in self.graphs and self.seen.get(key, 0) < 1:
+                self.seen[key] = self.seen.get(key, 0) + 1
+                later.append(i)
+        if later:
+            for i, out in zip(later, eager([micro_batches[i] for i in later])):
+                results[i] = out
         self.model.eval()
-        for mb, (bounds, cols) in zip(micro_batches, inputs):
+        for i, (mb, key, (bounds, cols)) in enumerate(zip(micro_batches, keys, inputs)):
+            if results[i] is not None:
+                continue
+            mb.to(device)
+            bounds, cols = bounds.to(device), cols.to(device)
             # Eagerly, fresh buffers per micro batch: the attention and RoPE cache what they derive from cu_seqlens
             # by the tensor's identity. A graph computes those inside the capture, so its buffers are reused.
             static = self._static(key, device)
@@ -229,8 +245,8 @@ class GraphedForward:
                 self.graphs[key][1].replay()
                 out = {k: v.clone() for k, v in static.out.items()}
             else:
-                out = self._forward(static, shape, temperature, with_entropy)
-            results.append(self._scatter(out, mb, cols))
+                out = self._forward(static, key[0], temperature, with_entropy)
+            results[i] = self._scatter(out, mb, cols)
         return results
 
     def _static(self, key, device) -> _Static:

@@ -72,15 +72,6 @@ def remove_partial(output_dir: str) -> list[Path]:
     return partial
 
 
-def layout_str(layout: dict | None) -> str:
-    """'tp 1 x pp 1 x dp 2' (+ ep / etp / vpp where not 1) for messages; 'layout not recorded' for older ones."""
-    if not layout:
-        return "layout not recorded"
-    parts = [f"{k} {layout[k]}" for k in ("tp", "pp", "dp") if k in layout]
-    parts += [f"{k} {layout[k]}" for k in ("ep", "etp", "vpp") if layout.get(k, 1) != 1]
-    return " x ".join(parts)
-
-
 def rng_state() -> dict:
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}

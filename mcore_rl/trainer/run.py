@@ -22,7 +22,7 @@ from mcore_rl.config.root import RLConfig
 from mcore_rl.parallel.runtime import from_rank0
 from mcore_rl.procs import OutputLock, OutputLockedError, StopRequested, StopSignals, follow_launcher
 from mcore_rl.rollout.errors import RolloutEngineError
-from mcore_rl.engine.checkpoint import layout as parallel_layout
+from mcore_rl.engine import checkpoint as engine_ckpt
 from mcore_rl.trainer import checkpoint as ckpt
 from mcore_rl.trainer.metrics import MetricsLogger
 from mcore_rl.trainer.rl_step import StepContext
@@ -203,7 +203,7 @@ class Run:
 
                 save_queue(tmp, self.producer.state_dict())
             state = {"step": step, **state, "world_size": dist.get_world_size(),
-                     "layout": parallel_layout(len(self.actor.model_chunks)),
+                     "layout": engine_ckpt.layout(len(self.actor.model_chunks)),
                      "config": dataclasses.asdict(cfg)}
             final = ckpt.commit(cfg.trainer.output_dir, step, tmp, state, cfg.trainer.keep_last)
         except (KeyboardInterrupt, SystemExit):
@@ -242,8 +242,8 @@ class Run:
                 "schedule, data position and KL controller carry over, and each sample's seed does not depend on the "
                 "layout; the ranks' RNG streams start afresh from parallel.seed and reductions run in another order, "
                 "so the run is not bit-equal to one that kept its size", path, saved_world,
-                ckpt.layout_str(state.get("layout")), dist.get_world_size(),
-                ckpt.layout_str(parallel_layout(len(self.actor.model_chunks))))
+                engine_ckpt.layout_str(state.get("layout")), dist.get_world_size(),
+                engine_ckpt.layout_str(engine_ckpt.layout(len(self.actor.model_chunks))))
         for task in self.tasks:
             task.load_state_dict(saved[task.name])
         if dist.get_rank() == 0:

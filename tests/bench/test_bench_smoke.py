@@ -45,6 +45,9 @@ def test_all_writes_every_figure(tmp_path, model):
            if not isinstance(figures.get(k), (int, float)) or not math.isfinite(figures[k]) or figures[k] <= 0}
     assert not bad, f"missing, non-finite or non-positive figures: {bad}"
     assert figures["weight_sync.tp"] == 1 and figures["e2e.new_tokens"] == 2 * 2 * 4
+    # what the layer spec resolved to is recorded (CPU: SDPA, and Megatron's sequential experts for the MoE)
+    assert figures["train.core_attention"] == "SDPAttention"
+    assert figures["train.experts"] == ("SequentialMLP" if model == "tiny-moe" else "dense")
     # every layout measured; at TP=1 the trainer (auto) picks the shared one, in weight_sync and in e2e alike
     assert figures["weight_sync.layout"] == "shared" and figures["e2e.sync_layout"] == "shared"
     assert figures["weight_sync.export_seconds_per_gb"] is None  # the shared layout exports nothing
