@@ -78,6 +78,27 @@ if __name__ == "__main__":
                                                                      for x, y in zip(a, b))
                         results[f"{key}/{field}/nonzero"] = sum(int((x != 0).sum()) for x in a)
                         results[f"{key}/{field}/shapes_equal"] = all(x.shape == y.shape for x, y in zip(a, b))
+        # With capture on, a shape met for the first time goes to the eager pass (capture costs three passes):
+        # on CPU nothing may be captured, so one call of new shapes must run entirely through `eager`.
+        from mcore_rl.engine.graphed_forward import GraphedForward
+
+        eng = engines["off"]
+        graphed = GraphedForward(eng.model_chunks[0], eng.model_info, capture=True)
+        calls = []
+
+        def eager(mbs):
+            calls.append(len(mbs))
+            return eng.compute_logprobs(mbs)
+
+        mbs = cases(0)["long"]  # two micro batches of different shapes (one met twice would be captured)
+        first = graphed.compute_logprobs(mbs, eager)
+        plain = eng.compute_logprobs(cases(0)["long"])
+        results[f"{arch}/first_sight_eager_calls"] = calls
+        results[f"{arch}/first_sight_captures"] = graphed.num_captures
+        results[f"{arch}/first_sight_seen"] = sorted(graphed.seen.values())
+        results[f"{arch}/first_sight_max_diff"] = max((a["logprobs"] - b["logprobs"]).abs().max().item()
+                                                      for a, b in zip(first, plain))
+        results[f"{arch}/num_micro_batches"] = len(mbs)
     if rank == 0:
         C.write_json(out / f"graphed_tp{tp}.json", results)
     destroy()

@@ -51,6 +51,11 @@ def test_static_layout_equals_the_eager_path(tmp_path, tiny_models, torchrun, np
     assert not any(v for k, v in res.items() if k.endswith("/zeros_differ"))
     assert all(v for k, v in res.items() if k.endswith("/shapes_equal"))
     assert all(v > 20 for k, v in res.items() if k.endswith("/nonzero"))
+    for arch in ("llama", "qwen2"):  # capture on: shapes met once run eagerly, in one call, and nothing is captured
+        n = res[f"{arch}/num_micro_batches"]
+        assert n > 1 and res[f"{arch}/first_sight_eager_calls"] == [n]
+        assert res[f"{arch}/first_sight_captures"] == 0 and sum(res[f"{arch}/first_sight_seen"]) == n
+        assert res[f"{arch}/first_sight_max_diff"] == 0.0
 
 
 def test_unknown_setting_is_refused(tmp_path):
