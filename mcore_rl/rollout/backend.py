@@ -218,6 +218,17 @@ def check_result(result: Any, doing: str) -> str:
     return message
 
 
+def until_accepted(call: Callable[[], Any], timeout_s: float, every_s: float = 0.05) -> Any:
+    """`call()` (an SGLang request that it refuses while busy, e.g. a cache flush) repeated every `every_s` until its
+    result is a success or `timeout_s` has passed; the last result, for outcome / check_result."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = call()
+        if outcome(result)[0] or time.monotonic() >= deadline:
+            return result
+        time.sleep(every_s)
+
+
 def outcome(result: Any) -> tuple[bool, str]:
     """(success, message) of an SGLang call's result (see check_result)."""
     if result is None:

@@ -15,13 +15,13 @@ import dataclasses
 import logging
 import os
 import threading
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Sequence
 
 from mcore_rl.config.rollout import RolloutConfig
-from mcore_rl.rollout.backend import Backend, Interrupt, RequestFeed, check_result, outcome, run_in_thread
+from mcore_rl.rollout.backend import (Backend, Interrupt, RequestFeed, check_result, outcome, run_in_thread,
+                                      until_accepted)
 from mcore_rl.rollout.errors import RolloutEngineError
 from mcore_rl.rollout.seeds import group_seeds
 from mcore_rl.types import RolloutBatch, Sample
@@ -241,15 +241,11 @@ class RolloutEngine:
         weight update while it still holds one fails its cache flush, which ends the scheduler: a sync after an
         interrupt waits here first (trainer/async_rollout.py)."""
         timeout_s = timeout_s or self.cfg.request_timeout_s
-        deadline = time.monotonic() + timeout_s
-        while True:
-            ok, message = outcome(self.backend.call("flush the cache", timeout_s, self.backend.flush_cache))
-            if ok:
-                return
-            if time.monotonic() > deadline:
-                raise RolloutEngineError(f"SGLang still runs requests {timeout_s:g} s after they were aborted "
-                                         f"({message}); rollout.request_timeout_s bounds this wait")
-            time.sleep(0.05)
+        ok, message = outcome(until_accepted(
+            lambda: self.backend.call("flush the cache", timeout_s, self.backend.flush_cache), timeout_s))
+        if not ok:
+            raise RolloutEngineError(f"SGLang still runs requests {timeout_s:g} s after they were aborted "
+                                     f"({message}); rollout.request_timeout_s bounds this wait")
 
     @property
     def released(self) -> frozenset[str]:

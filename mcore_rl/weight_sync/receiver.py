@@ -16,12 +16,11 @@ import contextlib
 import json
 import logging
 import os
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from mcore_rl.rollout.backend import Backend, check_result, outcome
+from mcore_rl.rollout.backend import Backend, check_result, until_accepted
 from mcore_rl.rollout.errors import RolloutEngineError
 from mcore_rl.weight_sync.plan import EngineFacts, engine_blocker
 
@@ -137,12 +136,8 @@ class WeightReceiver:
         returned are retired by the scheduler's next loop: on a loaded machine a flush right after generation
         was refused (tests/weight_sync/test_sync_layout.py, once in a CI run). A refusal is asked again every
         50 ms for up to FLUSH_RETRY_S (or timeout_s if shorter); what still refuses then is an error."""
-        deadline = time.monotonic() + min(FLUSH_RETRY_S, self.timeout_s)
-        while True:
-            result = self._call("flush the cache", self.backend.flush_cache)
-            if outcome(result)[0] or time.monotonic() >= deadline:
-                break
-            time.sleep(0.05)
+        result = until_accepted(lambda: self._call("flush the cache", self.backend.flush_cache),
+                                min(FLUSH_RETRY_S, self.timeout_s))
         check_result(result, "flush the cache (it refuses while requests are running)")
 
     # -- colocated tensors ------------------------------------------------------------------------------------
