@@ -202,7 +202,7 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
            "e2e.lm_head": actor.model_info.lm_head,
            "e2e.forward_max_tokens_per_micro_batch": step.forward_max_tokens, "e2e.rollout_mode": rollout_mode,
            "e2e.attention": attention,
-           "e2e.forward_cuda_graphs": "on" if getattr(actor, "graphed", None) is not None else "off"}
+           "e2e.forward_cuda_graphs": "on" if actor.graphed is not None else "off"}
     out["e2e.ratio_vs_raw_parts"] = out["e2e.raw_parts_s"] / out["e2e.step_s"]
     for part in ours[0]:
         out[f"e2e.{part}_s"] = median([o[part] for o in ours])

@@ -94,7 +94,7 @@ def main() -> None:
         res["eager_device_busy_s"] = _device_busy_s(prof)
         res["speedup"] = res["eager_s"] / res["graphed_s"]
         res["captures_after"] = graphed.graphed.num_captures
-        res["graph_pool_mib"] = torch.cuda.memory_reserved() / 2**20
+        res["cuda_reserved_mib"] = torch.cuda.memory_reserved() / 2**20  # the whole process's, graphs included
         results[role] = res
         print(role, {k: (round(v, 5) if isinstance(v, float) else v) for k, v in res.items()}, flush=True)
         for eng in engines.values():

@@ -124,11 +124,15 @@ class TrainEngine:
         graphs = model_cfg.forward_cuda_graphs
         if graphs == "on" and self.device.type != "cuda":
             logger.info("model.forward_cuda_graphs=on: no CUDA device, eager forward passes")
-        elif graphs != "off" and len(self.model_chunks) == 1:
-            from mcore_rl.engine.graphed_forward import GraphedForward
+        elif graphs != "off":
+            from mcore_rl.engine.graphed_forward import GraphedForward, unsupported
 
-            self.graphed = GraphedForward(self.model_chunks[0], self.model_info, capture=graphs == "on")
-        self._graph_refusal: str | None = None
+            reason = ("the interleaved pipeline schedule" if len(self.model_chunks) > 1 else
+                      unsupported(self.model_chunks[0], self.model_info, self.router_hooks))
+            if reason is None:
+                self.graphed = GraphedForward(self.model_chunks[0], self.model_info, capture=graphs == "on")
+            else:
+                logger.info("model.forward_cuda_graphs=%s: eager forward passes (%s)", graphs, reason)
 
     @property
     def is_critic(self) -> bool:
@@ -168,19 +172,12 @@ class TrainEngine:
         values (the rest are 0); micro batches without a loss mask get every position's."""
         if self.is_critic:
             raise ValueError("compute_logprobs needs a language model; this engine is a critic (compute_values)")
-        if self.graphed is not None:
-            from mcore_rl.engine.graphed_forward import unsupported
-
-            reason = unsupported(self.model_chunks[0], self.model_info, micro_batches, self.router_hooks)
-            if reason is None:
-                return self.graphed.compute_logprobs(
-                    micro_batches, lambda mbs: self.forward_backward(
-                        mbs, None, forward_only=True, temperature=temperature, with_entropy=with_entropy,
-                        collect_outputs=True, broadcast_outputs=True).outputs,
-                    temperature=temperature, with_entropy=with_entropy)
-            if reason != self._graph_refusal:
-                self._graph_refusal = reason
-                logger.info("model.forward_cuda_graphs: eager forward passes (%s)", reason)
+        if self.graphed is not None and all(mb.packed for mb in micro_batches):  # graphs replay packed layouts
+            return self.graphed.compute_logprobs(
+                micro_batches, lambda mbs: self.forward_backward(
+                    mbs, None, forward_only=True, temperature=temperature, with_entropy=with_entropy,
+                    collect_outputs=True, broadcast_outputs=True).outputs,
+                temperature=temperature, with_entropy=with_entropy)
         return self.forward_backward(micro_batches, None, forward_only=True, temperature=temperature,
                                      with_entropy=with_entropy, collect_outputs=True,
                                      broadcast_outputs=True).outputs

@@ -68,16 +68,16 @@ def _pow2(n: int, minimum: int) -> int:
     return max(minimum, 1 << max(n - 1, 0).bit_length())
 
 
-def static_shape(packs: Sequence[tuple[Sequence[int], int]], rows_per_mb: Sequence[int]) -> Shape:
-    """The one shape all these micro batches fit: each pack is (its sequences' lengths, its row length t >= their
-    sum), rows_per_mb their logit row counts."""
-    tokens = bucket(max(t for _, t in packs))
-    max_len = _pow2(max(max(lengths) for lengths, _ in packs), MIN_MAX_LEN)
+def static_shape(lengths: Sequence[int], length: int, rows: int) -> Shape:
+    """The shape of a packed micro batch: its sequences' `lengths`, its row `length` (>= their sum), its number
+    of logit `rows`."""
+    tokens = bucket(length)
+    max_len = _pow2(max(lengths), MIN_MAX_LEN)
     if max_len >= tokens:
         # RoPE reads frequencies of the pack's length as per-token ones (models/rope.py); keep them per sequence
         max_len = tokens + 1
-    pieces = max(len(lengths) + -(-(tokens - sum(lengths)) // max_len) for lengths, _ in packs)
-    return Shape(tokens, _pow2(pieces, MIN_SLOTS), max_len, bucket(max(rows_per_mb), minimum=64))
+    pieces = len(lengths) + -(-(tokens - sum(lengths)) // max_len)
+    return Shape(tokens, _pow2(pieces, MIN_SLOTS), max_len, bucket(rows, minimum=64))
 
 
 def static_bounds(lengths: Sequence[int], shape: Shape) -> list[int]:
@@ -93,9 +93,10 @@ def static_bounds(lengths: Sequence[int], shape: Shape) -> list[int]:
     return bounds + [shape.tokens] * (shape.slots + 1 - len(bounds))
 
 
-def unsupported(model, info, micro_batches: Sequence[MicroBatch], router_hooks=None) -> str | None:
-    """Why `model` (this rank's only chunk, unwrapped) cannot replay these micro batches from a graph; None if it
-    can (capture needs CUDA besides: checked by GraphedForward)."""
+def unsupported(model, info, router_hooks=None) -> str | None:
+    """Why `model` (this rank's only chunk, unwrapped) cannot run its log-prob passes from graphs; None if it can.
+    Fixed for a built model (the engine asks once); padded micro batches are refused per call (`compute_logprobs`
+    callers check `mb.packed`)."""
     from mcore_rl.models.attention import SDPAttention
 
     if info.is_critic:
@@ -111,8 +112,6 @@ def unsupported(model, info, micro_batches: Sequence[MicroBatch], router_hooks=N
     if not cores or not all(isinstance(m, SDPAttention) and m.window is None and m.packed_impl in ("auto", "varlen")
                             for m in cores):
         return "attention other than SDPA with the varlen kernel (model.attention=sdpa, packed_attention=auto)"
-    if not all(mb.packed for mb in micro_batches):
-        return "padded (unpacked) micro batches"
     return None
 
 
@@ -142,7 +141,7 @@ def _hidden_states_only(model):
 class _Static:
     """The device buffers one shape's graph reads and writes."""
 
-    def __init__(self, shape: Shape, device, with_entropy: bool):
+    def __init__(self, shape: Shape, device):
         from megatron.core.packed_seq_params import PackedSeqParams
 
         from mcore_rl.models.attention import static_layout
@@ -156,7 +155,6 @@ class _Static:
         if device.type == "cuda":  # the attention reads no bounds on the host (models/attention.py)
             self.params._mcore_rl_layout = static_layout(self.cu, shape.tokens, shape.max_len)
         self.out: dict[str, torch.Tensor] | None = None
-        self.with_entropy = with_entropy
 
     def fill(self, mb: MicroBatch, bounds: torch.Tensor, rows: torch.Tensor) -> None:
         t = mb.input_ids.size(1)
@@ -212,7 +210,7 @@ class GraphedForward:
                 cols = cols[:0] if empty else cols
             else:
                 cols = torch.arange(mb.input_ids.size(1))
-            shape = static_shape([(mb.seq_lengths, mb.input_ids.size(1))], [max(len(cols), 1)])
+            shape = static_shape(mb.seq_lengths, mb.input_ids.size(1), max(len(cols), 1))
             keys.append((shape, float(temperature), bool(with_entropy)))
             inputs.append((torch.tensor(static_bounds(mb.seq_lengths, shape), dtype=torch.int32), cols))
         if self.capture:
@@ -252,14 +250,13 @@ class GraphedForward:
     def _static(self, key, device) -> _Static:
         shape, temperature, with_entropy = key
         if not self.capture:
-            return _Static(shape, device, with_entropy)
+            return _Static(shape, device)
         if key in self.graphs:
             self.graphs.move_to_end(key)
             return self.graphs[key][0]
         while len(self.graphs) >= MAX_GRAPHS:
             self.graphs.popitem(last=False)
-        static = _Static(shape, device, with_entropy)
-        static.cu.copy_(torch.tensor(static_bounds([], shape), dtype=torch.int32))
+        static = _Static(shape, device)  # its bounds (padding pieces only) make a valid pack for the warm-up
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):  # warm-up: lazy initialisations and compilations happen outside the capture
@@ -308,10 +305,7 @@ class GraphedForward:
     @staticmethod
     def _scatter(out: dict, mb: MicroBatch, cols: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per-row results -> the micro batch's [1, t] layout, aligned to tokens (engine/logprobs.py)."""
-        n = cols.numel()
-        result = {}
-        for key, values in out.items():
-            full = torch.zeros(mb.input_ids.shape, dtype=values.dtype, device=values.device)
-            full[0, cols] = values[:n]
-            result[key] = align_to_tokens(full, mb.valid_mask, mb.seq_starts)
-        return result
+        rows = (torch.zeros_like(cols), cols)
+        return {key: align_to_tokens(lm_head.scatter(values[:cols.numel()], rows, mb.input_ids.shape), mb.valid_mask,
+                                     mb.seq_starts)
+                for key, values in out.items()}

@@ -17,10 +17,12 @@ def test_buckets_are_four_per_octave():
     assert bucket(10, minimum=64) == 64
 
 
-def test_shape_fits_every_pack_and_bounds_cover_the_padding():
-    shape = static_shape([([11, 7, 9], 27), ([100, 3], 110)], [20, 90])
-    # tokens: 110 -> the smallest bucket, 256; max_len: 100 -> 128; pieces: 3 sequences + 2 of padding (229 tokens)
+def test_shape_fits_the_pack_and_bounds_cover_the_padding():
+    shape = static_shape([100, 3], 110, 90)
+    # tokens: 110 -> the smallest bucket, 256; max_len: 100 -> 128; pieces: 2 sequences + 2 of padding (153
+    # tokens); slots: at least 16; rows: 90 -> 96 (buckets of 16 in 64..128)
     assert shape == Shape(tokens=256, slots=16, max_len=128, rows=96)
+    assert static_shape([11, 7, 9], 27, 20) == Shape(tokens=256, slots=16, max_len=64, rows=64)
     bounds = static_bounds([100, 3], shape)
     assert bounds[:4] == [0, 100, 103, 231] and bounds[4] == 256 and len(bounds) == shape.slots + 1
     assert all(b - a <= shape.max_len for a, b in zip(bounds[:-1], bounds[1:]))
@@ -29,7 +31,7 @@ def test_shape_fits_every_pack_and_bounds_cover_the_padding():
 
 def test_length_bound_never_equals_the_pack():
     # RoPE would read frequencies as long as the pack as per-token ones (models/rope.py)
-    shape = static_shape([([200, 30], 230)], [200])
+    shape = static_shape([200, 30], 230, 200)
     assert shape.tokens == 256 and shape.max_len == 257
     assert static_bounds([200, 30], shape)[:4] == [0, 200, 230, 256]
 
