@@ -83,9 +83,10 @@ def _engine_args(p) -> None:
                    help="e2e: token budget of the forward-only passes' micro batches (0 = twice the update's, as "
                         "the trainer's actor.forward_max_tokens_per_micro_batch)")
     p.add_argument("--no-ref", action="store_true", help="e2e without the reference model's forward")
-    p.add_argument("--forward-cuda-graphs", default="off", choices=("off", "on"),
+    p.add_argument("--forward-cuda-graphs", default="off", choices=("off", "on", "both"),
                    help="e2e: ModelConfig.forward_cuda_graphs of the actor and the reference (their forward-only "
-                        "passes replayed from CUDA graphs)")
+                        "passes replayed from CUDA graphs); both: steps with and without graphs interleaved in one "
+                        "run against the same raw parts (e2e.graphs.* are the graphed steps)")
     p.add_argument("--lm-head", default="loss_tokens", choices=("loss_tokens", "all"),
                    help="e2e: ModelConfig.lm_head of the actor and the reference (the trainer's default: logits "
                         "only at response tokens); the raw update always computes them at every position")
@@ -185,6 +186,11 @@ def run_engine_benches(args, names, world: int) -> dict:
             _save_partial(result, args.json)
         # the actor's optimizer only where it trains (e2e): weight_sync alone then fits larger models
         graphs = getattr(args, "forward_cuda_graphs", "off")
+        graphs_both = graphs == "both"
+        if graphs_both:  # without a GPU the graphs' fixed layout runs eagerly (static): the same code path
+            import torch
+
+            graphs = "on" if torch.cuda.is_available() else "static"
         actor = (common.load_actor(path, hf, parallel, with_optimizer="e2e" in names, lm_head=args.lm_head,
                                    attention=args.attention, forward_cuda_graphs=graphs)
                  if {"weight_sync", "e2e"} & set(names) else None)
@@ -206,7 +212,7 @@ def run_engine_benches(args, names, world: int) -> dict:
                                   args.max_tokens_per_micro_batch, args.repeats, args.warmup, args.old_logprobs,
                                   "auto" if args.sync_layout == "all" else args.sync_layout,
                                   args.forward_max_tokens_per_micro_batch, args.rollout_mode, args.profile,
-                                  attention=args.attention))
+                                  attention=args.attention, graphs_both=graphs_both))
         if args.json and os.path.exists(args.json + ".partial"):  # complete: main writes args.json
             os.remove(args.json + ".partial")
     finally:

@@ -24,6 +24,12 @@ passes and update, waits for that generation to finish (`e2e.sync_wait_s`) and s
 the time a step waited for its batch (0 once generation keeps ahead), and the ratio can exceed 1: the raw parts
 run one after the other.
 
+With `graphs_both` (`--forward-cuda-graphs both`; the engines are built with model.forward_cuda_graphs=on, static
+without a GPU), each
+repeat runs one step with the forward-only passes eager, one from CUDA graphs and the raw parts once: `e2e.*` are
+the eager steps, `e2e.graphs.*` the graphed ones, both against the same raw parts. The graphed side warms up one
+step more, since a shape is captured the second time it comes.
+
 With a profile directory (`--profile DIR`), one more step of ours and one of the raw parts run under
 torch.profiler after the timed ones: `e2e.profile.{phase}.{wall,device_busy}_s` say, per phase, how long it took and
 how long the GPU ran kernels in it (a phase whose busy time is well below its wall time waits on the host), and
@@ -32,6 +38,7 @@ DIR/e2e_profile.txt has the top operators of both sides by GPU and by host time.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -156,10 +163,24 @@ class GRPOStep:
         return sum(len(s.response_ids) for s in samples)
 
 
+@contextlib.contextmanager
+def eager_forward(*engines):
+    """The engines' forward-only passes without their CUDA graphs (graphs kept for afterwards)."""
+    saved = [(e, e.graphed) for e in engines if e is not None]
+    for e, _ in saved:
+        e.graphed = None
+    try:
+        yield
+    finally:
+        for e, graphed in saved:
+            e.graphed = graphed
+
+
 def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_tokens: int, bucket_bytes: int,
         max_tokens_per_micro_batch: int = 4096, repeats: int = 2, warmup: int = 1,
         old_logprobs: str = "auto", sync_layout: str = "auto", forward_max_tokens: int = 0,
-        rollout_mode: str = "sync", profile_dir: str | None = None, attention: str = "sdpa") -> dict:
+        rollout_mode: str = "sync", profile_dir: str | None = None, attention: str = "sdpa",
+        graphs_both: bool = False) -> dict:
     from mcore_rl.bench.common import model_dtype
     from mcore_rl.bench.train import RawMegatron
     from mcore_rl.bench.weight_sync import PlainCopy, baseline_exporter
@@ -185,32 +206,54 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
         cp, _ = phase("raw.sync", copy)
         return {"rollout": gen, "update": upd, "sync": cp}
 
+    if graphs_both and actor.graphed is None:
+        raise ValueError("graphs_both needs engines built with model.forward_cuda_graphs on (or static)")
+
+    def ours():  # with graphs_both, the eager side
+        with eager_forward(actor, ref) if graphs_both else contextlib.nullcontext():
+            return step(prompts, n, sampling)
+
+    def graphed():
+        return step(prompts, n, sampling)
+
     for _ in range(warmup):
-        step(prompts, n, sampling), raw_parts()
-    ours, theirs, totals, raw_totals = [], [], [], []
+        ours(), raw_parts()
+    for _ in range(warmup + 1 if graphs_both else 0):
+        graphed()
+    mine, theirs, totals, raw_totals, g_mine, g_totals = [], [], [], [], [], []
     tokens = 0
     for _ in range(repeats):  # interleaved
-        total, tokens = timed(lambda: step(prompts, n, sampling))
-        ours.append(step.last)
+        total, tokens = timed(ours)
+        mine.append(step.last)
         totals.append(total)
+        if graphs_both:
+            total, _ = timed(graphed)
+            g_mine.append(step.last)
+            g_totals.append(total)
         r = raw_parts()
         theirs.append(r)
         raw_totals.append(sum(r.values()))
     out = {"e2e.num_samples": len(raw_ids), "e2e.new_tokens": tokens, "e2e.train_tokens": int(step.last_ids.numel()),
-           "e2e.step_s": median(totals), "e2e.raw_parts_s": median(raw_totals),
+           "e2e.raw_parts_s": median(raw_totals),
            "e2e.old_logprobs_mode": "recompute" if step.recompute else "skip", "e2e.sync_layout": step.sync.layout,
            "e2e.lm_head": actor.model_info.lm_head,
            "e2e.forward_max_tokens_per_micro_batch": step.forward_max_tokens, "e2e.rollout_mode": rollout_mode,
            "e2e.attention": attention,
-           "e2e.forward_cuda_graphs": "on" if actor.graphed is not None else "off"}
-    out["e2e.ratio_vs_raw_parts"] = out["e2e.raw_parts_s"] / out["e2e.step_s"]
-    for part in ours[0]:
-        out[f"e2e.{part}_s"] = median([o[part] for o in ours])
+           "e2e.forward_cuda_graphs": "both" if graphs_both else "on" if actor.graphed is not None else "off"}
+    for prefix, steps, step_totals in (("e2e.", mine, totals), ("e2e.graphs.", g_mine, g_totals)):
+        if not steps:
+            continue
+        out[f"{prefix}step_s"] = median(step_totals)
+        out[f"{prefix}ratio_vs_raw_parts"] = out["e2e.raw_parts_s"] / out[f"{prefix}step_s"]
+        for part in steps[0]:
+            out[f"{prefix}{part}_s"] = median([o[part] for o in steps])
+        out[f"{prefix}other_s"] = out[f"{prefix}step_s"] - sum(out[f"{prefix}{p}_s"] for p in steps[0])
+    if graphs_both:
+        out["e2e.graphs.captures"] = sum(e.graphed.num_captures for e in (actor, ref) if e is not None)
     for part in theirs[0]:
         out[f"e2e.raw_{part}_s"] = median([r[part] for r in theirs])
-    out["e2e.other_s"] = out["e2e.step_s"] - sum(out[f"e2e.{p}_s"] for p in ours[0])
     if profile_dir:
-        out.update(_profile(lambda: step(prompts, n, sampling), raw_parts, profile_dir))
+        out.update(_profile(ours, raw_parts, profile_dir))
     del raw_train
     return out
 

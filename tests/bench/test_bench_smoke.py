@@ -58,12 +58,14 @@ def test_all_writes_every_figure(tmp_path, model):
 
 def test_e2e_one_step_off_policy_writes_its_figures(tmp_path):
     """e2e --rollout-mode one_step_off_policy (the next batch generated on a thread while the step trains), with
-    --profile: one more step of each side under torch.profiler, per-phase times and the operator tables."""
+    --profile: one more step of each side under torch.profiler, per-phase times and the operator tables; and
+    --forward-cuda-graphs both: eager and graphed steps interleaved (here, without a GPU, the graphs' fixed layout
+    run eagerly), each with its own figures against the same raw parts."""
     out = tmp_path / "bench.json"
     cmd = [sys.executable, str(ROOT / "tools" / "bench_throughput.py"), "--json", str(out), "e2e",
            "--model", "tiny", "--prompts", "2", "--n", "2", "--prompt-len", "4", "--max-new-tokens", "4",
            "--repeats", "2", "--warmup", "1", "--max-total-tokens", "2048", "--rollout-mode", "one_step_off_policy",
-           "--profile", str(tmp_path / "prof")]
+           "--profile", str(tmp_path / "prof"), "--forward-cuda-graphs", "both", "--old-logprobs", "recompute"]
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", MASTER_PORT=str(free_port()))
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
@@ -73,6 +75,13 @@ def test_e2e_one_step_off_policy_writes_its_figures(tmp_path):
     for key in ("e2e.step_s", "e2e.ratio_vs_raw_parts", "e2e.update_s", "e2e.sync_s"):
         assert math.isfinite(figures[key]) and figures[key] > 0, (key, figures.get(key))
     assert figures["e2e.sync_wait_s"] >= 0 and figures["e2e.rollout_s"] >= 0
+    # both: the graphed steps' own figures, against the same raw parts; both sides ran both forward passes
+    assert figures["e2e.forward_cuda_graphs"] == "both" and figures["e2e.graphs.captures"] == 0  # none on CPU
+    for prefix in ("e2e.", "e2e.graphs."):
+        for part in ("step", "old_logprobs", "ref_logprobs", "update", "sync"):
+            assert math.isfinite(figures[f"{prefix}{part}_s"]) and figures[f"{prefix}{part}_s"] > 0, (prefix, part)
+        assert figures[f"{prefix}ratio_vs_raw_parts"] == pytest.approx(figures["e2e.raw_parts_s"]
+                                                                       / figures[f"{prefix}step_s"])
     # the profiled step: every phase of both sides timed (no GPU here, so no kernel time)
     for key in ("rollout", "update", "sync", "raw_rollout", "raw_update", "raw_sync"):
         assert figures[f"e2e.profile.{key}.wall_s"] > 0, key
