@@ -91,8 +91,9 @@ class SDPAttention(MegatronModule):
         cu_seqlens ("varlen"); otherwise the pack is gathered into a padded [n_seq, max_len] batch for one causal
         SDPA call and scattered back ("padded"; exact, since a causal query never sees the padding after its
         own sequence). "loop" (one SDPA
-        call per sequence) is the old path, kept for comparison. The host-side sequence bounds are read once per
-        micro batch (cached on the PackedSeqParams object), not once per layer.
+        call per sequence) is the old path, kept for comparison. The host-side sequence bounds come with the micro
+        batch (MicroBatch.to keeps them) or are read once per micro batch (cached on the PackedSeqParams object),
+        not once per layer.
         """
         layout = _packed_layout(packed_seq_params, query.device)
         t = query.size(0)
@@ -155,26 +156,44 @@ class _PackedLayout:
     static = False
     """True for a CUDA graph's layout (static_layout), which knows only cu, the padded total and a length bound."""
 
-    def __init__(self, cu: torch.Tensor, device):
-        bounds = [int(b) for b in cu.tolist()]  # the one host sync per micro batch
+    def __init__(self, cu: torch.Tensor, device, bounds: list[int] | None = None):
+        """bounds: cu's values where the host knows them already (engine/batching.MicroBatch.to keeps them);
+        else they are read from cu, the one host sync per micro batch."""
+        bounds = [int(b) for b in (cu.tolist() if bounds is None else bounds)]
         self.cu_source = cu
         self.bounds = bounds
         lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
         lengths = [n for n in lengths if n > 0]
-        starts = [a for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
         self.num_seqs = len(lengths)
         self.max_len = max(lengths)
         self.total = bounds[-1]
         self.uniform = bounds[0] == 0 and len(set(lengths)) == 1 and len(lengths) == len(bounds) - 1
         self.cu = torch.tensor([0] + list(_cumsum(lengths)), dtype=torch.int32, device=device) \
             if bounds[0] != 0 or len(lengths) != len(bounds) - 1 else cu.to(device=device, dtype=torch.int32)
-        if not self.uniform:
-            start = torch.tensor(starts, device=device)
-            length = torch.tensor(lengths, device=device)
-            col = torch.arange(self.max_len, device=device)
-            self.valid_index = (col[None, :] < length[:, None]).flatten().nonzero().squeeze(1)  # into [n * L]
-            # Positions past a sequence's end repeat its last token: finite values, never seen by real queries.
-            self.gather = start[:, None] + torch.minimum(col[None, :], length[:, None] - 1)
+        self._padded = None
+
+    def _padded_views(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gather, valid_index) for the padded path, built on the device from cu on first use (the varlen path
+        never needs them): gather [n, L] picks each padded slot's token (positions past a sequence's end repeat
+        its last token: finite values, never seen by real queries); valid_index [total] is each packed token's
+        slot in the flattened [n * L] batch."""
+        if self._padded is None:
+            cu = self.cu.long()  # from 0, without empty sequences
+            start, length = cu[:-1] + self.bounds[0], cu[1:] - cu[:-1]
+            col = torch.arange(self.max_len, device=cu.device)
+            gather = start[:, None] + torch.minimum(col[None, :], length[:, None] - 1)
+            token = torch.arange(self.total - self.bounds[0], device=cu.device)
+            seq = torch.searchsorted(cu[1:].contiguous(), token, right=True)
+            self._padded = gather, seq * self.max_len + (token - cu[seq])
+        return self._padded
+
+    @property
+    def gather(self) -> torch.Tensor:
+        return self._padded_views()[0]
+
+    @property
+    def valid_index(self) -> torch.Tensor:
+        return self._padded_views()[1]
 
 
 def static_layout(cu: torch.Tensor, total: int, max_len: int) -> _PackedLayout:
@@ -206,7 +225,8 @@ def _packed_layout(params, device) -> _PackedLayout:
         cu = params.cu_seqlens_q
     cached = getattr(params, "_mcore_rl_layout", None)
     if cached is None or cached.cu_source is not cu:
-        cached = _PackedLayout(cu, device)
+        known = getattr(params, "mcore_rl_host_bounds", None)  # (cu, its values), from MicroBatch.to
+        cached = _PackedLayout(cu, device, known[1] if known is not None and known[0] is cu else None)
         params._mcore_rl_layout = cached
     return cached
 

@@ -66,23 +66,51 @@ def test_padded_layout_matches_naive(attention_cls, window):
 
 
 @pytest.mark.parametrize("window", [None, 3])
-def test_packed_sequences_attend_only_to_themselves(attention_cls, window):
+@pytest.mark.parametrize("lengths", [[5, 2, 6], [5, 0, 2, 6], [4, 4]])
+def test_packed_sequences_attend_only_to_themselves(attention_cls, window, lengths):
+    """Mixed lengths, an empty sequence (a graph's unused slot) and equal lengths (the reshape path)."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
     attn = make(attention_cls, window)
-    lengths = [5, 2, 6]
-    parts = [qkv(n, seed) for seed, n in enumerate(lengths)]
+    parts = [qkv(n, seed) for seed, n in enumerate(lengths) if n]
     q, k, v = (torch.cat([p[i] for p in parts]) for i in range(3))
     total = sum(lengths)
     pad = 3  # trailing padding after the last sequence (not in cu_seqlens) yields zeros
     q, k, v = (torch.cat([t, torch.randn(pad, *t.shape[1:], dtype=t.dtype)]) for t in (q, k, v))
-    cu = torch.tensor([0, 5, 7, 13], dtype=torch.int32)
-    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=6, max_seqlen_kv=6)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=max(lengths),
+                             max_seqlen_kv=max(lengths))
     out = attn(q, k, v, attention_mask=None, packed_seq_params=params)
     assert out.shape == (total + pad, HEADS * DIM)
     expected = torch.cat([naive(*p, window) for p in parts])
     torch.testing.assert_close(out[:total], expected, rtol=0, atol=1e-12)
     assert torch.all(out[total:] == 0)
+
+
+def test_packed_micro_batch_bounds_are_not_read_back(attention_cls, monkeypatch):
+    """A micro batch moved by MicroBatch.to carries its host-side sequence bounds, so the packed attention reads
+    nothing back from cu_seqlens (on a GPU that read is a sync that stops the host from queueing work ahead):
+    no tolist() on any tensor during the layers' calls, and the same output as a layout that reads cu."""
+    from mcore_rl.engine.batching import make_micro_batches
+
+    attn = make(attention_cls)
+    lengths = [5, 2, 6]
+    seqs = [{"input_ids": torch.arange(n)} for n in lengths]
+    (mb,) = make_micro_batches(seqs, 64)
+    mb.to(torch.device("cpu"))
+    params = mb.packed_seq_params
+    assert params.mcore_rl_host_bounds[0] is params.cu_seqlens_q and params.mcore_rl_host_bounds[1] == [0, 5, 7, 13]
+    q, k, v = qkv(mb.input_ids.size(1), 0)
+    with monkeypatch.context() as patched:
+        def refuse(self):
+            raise AssertionError("a tensor was read back to the host")
+        patched.setattr(torch.Tensor, "tolist", refuse)
+        out = attn(q, k, v, attention_mask=None, packed_seq_params=params)
+        again = attn(q, k, v, attention_mask=None, packed_seq_params=params)  # the next layer: the cached layout
+    del params.mcore_rl_host_bounds, params._mcore_rl_layout  # read from cu instead
+    expected = attn(q, k, v, attention_mask=None, packed_seq_params=params)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    torch.testing.assert_close(again, expected, rtol=0, atol=0)
 
 
 def test_unknown_packed_impl_is_refused(attention_cls):
