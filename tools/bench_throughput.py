@@ -99,6 +99,9 @@ def _engine_args(p) -> None:
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="e2e: one more step of each side under torch.profiler; per-phase wall and GPU busy time "
                         "(e2e.profile.*) and DIR/e2e_profile.txt with the top operators")
+    p.add_argument("--sync-debug", action="store_true",
+                   help="e2e, GPU only: one more step of ours and one raw update under torch's sync debug mode; "
+                        "e2e.sync_debug.* count their host syncs and say where they come from")
     p.add_argument("--rollout-attention", default="triton", choices=("triton", "fa3", "auto"),
                    help="SGLang's attention backend on a GPU (auto: what rollout.attention_backend=auto picks)")
     p.add_argument("--max-total-tokens", type=int, default=32768, help="SGLang KV cache tokens on CPU")
@@ -212,7 +215,8 @@ def run_engine_benches(args, names, world: int) -> dict:
                                   args.max_tokens_per_micro_batch, args.repeats, args.warmup, args.old_logprobs,
                                   "auto" if args.sync_layout == "all" else args.sync_layout,
                                   args.forward_max_tokens_per_micro_batch, args.rollout_mode, args.profile,
-                                  attention=args.attention, graphs_both=graphs_both))
+                                  attention=args.attention, graphs_both=graphs_both,
+                                  sync_debug=args.sync_debug))
         if args.json and os.path.exists(args.json + ".partial"):  # complete: main writes args.json
             os.remove(args.json + ".partial")
     finally:

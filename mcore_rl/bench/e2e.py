@@ -30,6 +30,11 @@ repeat runs one step with the forward-only passes eager, one from CUDA graphs an
 the eager steps, `e2e.graphs.*` the graphed ones, both against the same raw parts. The graphed side warms up one
 step more, since a shape is captured the second time it comes.
 
+With `sync_debug` (`--sync-debug`, GPU only), one more step of ours and one raw update run under
+`torch.cuda.set_sync_debug_mode("warn")`: `e2e.sync_debug.{ours,raw_update}` count the host syncs each made (the
+bench's own timing syncs left out) and `..._where` lists where (file:line of the Python call, most frequent first).
+A host-bound step loses its overlap with the GPU at every sync.
+
 With a profile directory (`--profile DIR`), one more step of ours and one of the raw parts run under
 torch.profiler after the timed ones: `e2e.profile.{phase}.{wall,device_busy}_s` say, per phase, how long it took and
 how long the GPU ran kernels in it (a phase whose busy time is well below its wall time waits on the host), and
@@ -163,6 +168,26 @@ class GRPOStep:
         return sum(len(s.response_ids) for s in samples)
 
 
+def count_syncs(fn) -> tuple[int, list[str]]:
+    """The host syncs fn makes on the GPU (torch.cuda.set_sync_debug_mode): how many, and where ("file:line xN",
+    the Python call that synced, most frequent first), without the bench's own timing syncs (bench/common.py)."""
+    import collections
+    import warnings
+
+    where: collections.Counter = collections.Counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    for w in caught:
+        if "synchroniz" in str(w.message) and not w.filename.endswith(os.path.join("bench", "common.py")):
+            where[f"{w.filename}:{w.lineno}"] += 1
+    return sum(where.values()), [f"{k} x{v}" for k, v in where.most_common(20)]
+
+
 @contextlib.contextmanager
 def eager_forward(*engines):
     """The engines' forward-only passes without their CUDA graphs (graphs kept for afterwards)."""
@@ -180,7 +205,7 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
         max_tokens_per_micro_batch: int = 4096, repeats: int = 2, warmup: int = 1,
         old_logprobs: str = "auto", sync_layout: str = "auto", forward_max_tokens: int = 0,
         rollout_mode: str = "sync", profile_dir: str | None = None, attention: str = "sdpa",
-        graphs_both: bool = False) -> dict:
+        graphs_both: bool = False, sync_debug: bool = False) -> dict:
     from mcore_rl.bench.common import model_dtype
     from mcore_rl.bench.train import RawMegatron
     from mcore_rl.bench.weight_sync import PlainCopy, baseline_exporter
@@ -252,6 +277,11 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
         out["e2e.graphs.captures"] = sum(e.graphed.num_captures for e in (actor, ref) if e is not None)
     for part in theirs[0]:
         out[f"e2e.raw_{part}_s"] = median([r[part] for r in theirs])
+    if sync_debug and torch.cuda.is_available():
+        ids = step.last_ids.to(raw_train.device)
+        rows = max(1, max_tokens_per_micro_batch // ids.size(1))  # raw_parts' micro batches
+        for name, fn in (("ours", ours), ("raw_update", lambda: raw_train.step(ids, rows))):
+            out[f"e2e.sync_debug.{name}"], out[f"e2e.sync_debug.{name}_where"] = count_syncs(fn)
     if profile_dir:
         out.update(_profile(ours, raw_parts, profile_dir))
     del raw_train

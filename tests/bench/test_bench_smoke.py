@@ -65,7 +65,8 @@ def test_e2e_one_step_off_policy_writes_its_figures(tmp_path):
     cmd = [sys.executable, str(ROOT / "tools" / "bench_throughput.py"), "--json", str(out), "e2e",
            "--model", "tiny", "--prompts", "2", "--n", "2", "--prompt-len", "4", "--max-new-tokens", "4",
            "--repeats", "2", "--warmup", "1", "--max-total-tokens", "2048", "--rollout-mode", "one_step_off_policy",
-           "--profile", str(tmp_path / "prof"), "--forward-cuda-graphs", "both", "--old-logprobs", "recompute"]
+           "--profile", str(tmp_path / "prof"), "--forward-cuda-graphs", "both", "--old-logprobs", "recompute",
+           "--sync-debug"]
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", MASTER_PORT=str(free_port()))
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
@@ -75,6 +76,7 @@ def test_e2e_one_step_off_policy_writes_its_figures(tmp_path):
     for key in ("e2e.step_s", "e2e.ratio_vs_raw_parts", "e2e.update_s", "e2e.sync_s"):
         assert math.isfinite(figures[key]) and figures[key] > 0, (key, figures.get(key))
     assert figures["e2e.sync_wait_s"] >= 0 and figures["e2e.rollout_s"] >= 0
+    assert not any(k.startswith("e2e.sync_debug.") for k in figures)  # --sync-debug counts CUDA syncs: GPU only
     # both: the graphed steps' own figures, against the same raw parts; both sides ran both forward passes
     assert figures["e2e.forward_cuda_graphs"] == "both" and figures["e2e.graphs.captures"] == 0  # none on CPU
     for prefix in ("e2e.", "e2e.graphs."):
