@@ -87,6 +87,9 @@ def _engine_args(p) -> None:
                    help="e2e: ModelConfig.forward_cuda_graphs of the actor and the reference (their forward-only "
                         "passes replayed from CUDA graphs); both: steps with and without graphs interleaved in one "
                         "run against the same raw parts (e2e.graphs.* are the graphed steps)")
+    p.add_argument("--ref-compute-at", default="auto", choices=("auto", "forward", "update"),
+                   help="e2e: the trainer's ref.compute_at; auto computes the reference log-probs in the update "
+                        "where the reference runs from CUDA graphs, forward before it")
     p.add_argument("--lm-head", default="loss_tokens", choices=("loss_tokens", "all"),
                    help="e2e: ModelConfig.lm_head of the actor and the reference (the trainer's default: logits "
                         "only at response tokens); the raw update always computes them at every position")
@@ -216,7 +219,7 @@ def run_engine_benches(args, names, world: int) -> dict:
                                   "auto" if args.sync_layout == "all" else args.sync_layout,
                                   args.forward_max_tokens_per_micro_batch, args.rollout_mode, args.profile,
                                   attention=args.attention, graphs_both=graphs_both,
-                                  sync_debug=args.sync_debug))
+                                  sync_debug=args.sync_debug, ref_compute_at=args.ref_compute_at))
         if args.json and os.path.exists(args.json + ".partial"):  # complete: main writes args.json
             os.remove(args.json + ".partial")
     finally:

@@ -48,8 +48,11 @@ def _check_mode(loss_agg_mode: str, max_response_length: int | None) -> None:
 
 
 def _denominator(value: Tensor | float | int, like: Tensor) -> Tensor:
-    # clamp to 1: an all-padding batch gives loss 0 (with zero gradient) instead of 0/0
-    return torch.as_tensor(value, dtype=like.dtype, device=like.device).clamp(min=1)
+    # clamp to 1: an all-padding batch gives loss 0 (with zero gradient) instead of 0/0. A host number is filled
+    # in on the device (torch.full) rather than copied there, which would block until the device catches up.
+    if isinstance(value, Tensor):
+        return value.to(like.device, like.dtype).clamp(min=1)
+    return torch.full((), max(float(value), 1.0), dtype=like.dtype, device=like.device)
 
 
 def aggregate_loss(

@@ -16,7 +16,8 @@ def masked_fill_padding(x: Tensor, mask: Tensor, value: float = 0.0) -> Tensor:
 
     x: [B, T] any float dtype; mask: [B, T] 0/1. Returns [B, T] of x's dtype.
     """
-    return torch.where(mask.bool(), x, torch.as_tensor(value, dtype=x.dtype, device=x.device))
+    # a Python scalar, not a tensor made from it: a new device tensor from a host value is a blocking copy
+    return torch.where(mask.bool(), x, value)
 
 
 def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:

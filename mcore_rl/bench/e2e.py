@@ -25,10 +25,15 @@ the time a step waited for its batch (0 once generation keeps ahead), and the ra
 run one after the other.
 
 With `graphs_both` (`--forward-cuda-graphs both`; the engines are built with model.forward_cuda_graphs=on, static
-without a GPU), each
-repeat runs one step with the forward-only passes eager, one from CUDA graphs and the raw parts once: `e2e.*` are
-the eager steps, `e2e.graphs.*` the graphed ones, both against the same raw parts. The graphed side warms up one
-step more, since a shape is captured the second time it comes.
+without a GPU), each repeat runs one step with the forward-only passes eager, one from CUDA graphs and the raw
+parts once: `e2e.*` are the eager steps, `e2e.graphs.*` the graphed ones, both against the same raw parts. The
+graphed side warms up one step more, since a shape is captured the second time it comes.
+
+`ref_compute_at` (`--ref-compute-at`) is the trainer's ref.compute_at (trainer/rl_step.py ref_in_update): auto
+computes the reference log-probs in the update, on its micro batches, where the reference runs from graphs and the
+old log-probs are not recomputed (with graphs_both: on the graphed side only), `forward` before the update as a
+separate phase. `e2e.ref_in_update` (`e2e.graphs.ref_in_update`) says which ran; in the update, the reference's
+time is part of `update_s`.
 
 With `sync_debug` (`--sync-debug`, GPU only), one more step of ours and one raw update run under
 `torch.cuda.set_sync_debug_mode("warn")`: `e2e.sync_debug.{ours,raw_update}` count the host syncs each made (the
@@ -81,7 +86,7 @@ class GRPOStep:
 
     def __init__(self, engine, actor, ref, hf: dict, bucket_bytes: int, max_tokens_per_micro_batch: int,
                  old_logprobs: str = "auto", sync_layout: str = "auto", forward_max_tokens: int = 0,
-                 rollout_mode: str = "sync"):
+                 rollout_mode: str = "sync", ref_compute_at: str = "auto"):
         from mcore_rl.config.rl import ActorConfig
         from mcore_rl.config.weight_sync import WeightSyncConfig
         from mcore_rl.weight_sync import WeightSync
@@ -94,6 +99,8 @@ class GRPOStep:
         self._next = None  # overlap: the next step's generation, running
         self.engine, self.actor, self.ref = engine, actor, ref
         self.recompute = old_logprobs == "recompute"  # auto: one update from the whole batch, so skip
+        self.ref_compute_at = ref_compute_at
+        self.ref_in_update = False  # the last step's
         # the trainer's weight sync, in the layout it would choose (sync_layout=auto) or the one asked for
         self.sync = WeightSync(WeightSyncConfig(layout=sync_layout), actor.model_chunks, hf, engine,
                                bucket_bytes=bucket_bytes)
@@ -107,7 +114,7 @@ class GRPOStep:
     def __call__(self, prompts, n, sampling) -> int:
         from mcore_rl import algorithms as alg
         from mcore_rl.engine.batching import make_micro_batches
-        from mcore_rl.trainer.rl_step import gather_tokens
+        from mcore_rl.trainer.rl_step import attach_ref_logprobs, gather_tokens, ref_in_update
 
         from mcore_rl.rollout.backend import run_in_thread
 
@@ -137,8 +144,11 @@ class GRPOStep:
 
         t["old_logprobs"], old = (phase("e2e.old_logprobs", lambda: logprobs(self.actor)) if self.recompute
                                   else (0.0, None))
-        if self.ref is not None:
-            t["ref_logprobs"], ref = phase("e2e.ref_logprobs", lambda: logprobs(self.ref))
+        # the trainer's rule (ref.compute_at); eager_forward() hides the graphs, so the eager side computes it first
+        self.ref_in_update = ref_in_update(self.ref_compute_at, self.ref, kl_in_reward=False,
+                                           old_source="recompute" if self.recompute else "current")
+        t["ref_logprobs"], ref = (phase("e2e.ref_logprobs", lambda: logprobs(self.ref))
+                                  if self.ref is not None and not self.ref_in_update else (0.0, None))
 
         def update():
             # synthetic reward: share of even token ids in the response (varies within a group)
@@ -152,10 +162,12 @@ class GRPOStep:
                 if old is not None:
                     seq["old_logprobs"] = old[i]
                 seq["advantages"] = seq["loss_mask"] * adv[i, 0]
-                if self.ref is not None:
+                if ref is not None:
                     seq["ref_logprobs"] = ref[i]
             train_mbs = make_micro_batches(seqs, self.max_tokens)
             num_tokens = float(sum(seq["loss_mask"].sum() for seq in seqs))
+            if self.ref_in_update:
+                attach_ref_logprobs(self.ref, train_mbs, 1.0)
             self.actor.train_step(train_mbs, _pg_kl_loss(num_tokens, self.ref is not None, not self.recompute))
 
         t["update"], _ = phase("e2e.update", update)
@@ -205,7 +217,7 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
         max_tokens_per_micro_batch: int = 4096, repeats: int = 2, warmup: int = 1,
         old_logprobs: str = "auto", sync_layout: str = "auto", forward_max_tokens: int = 0,
         rollout_mode: str = "sync", profile_dir: str | None = None, attention: str = "sdpa",
-        graphs_both: bool = False, sync_debug: bool = False) -> dict:
+        graphs_both: bool = False, sync_debug: bool = False, ref_compute_at: str = "auto") -> dict:
     from mcore_rl.bench.common import model_dtype
     from mcore_rl.bench.train import RawMegatron
     from mcore_rl.bench.weight_sync import PlainCopy, baseline_exporter
@@ -214,7 +226,7 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
 
     sampling = engine.default_sampling(temperature=1.0, max_new_tokens=max_new_tokens, ignore_eos=True)
     step = GRPOStep(engine, actor, ref, hf, bucket_bytes, max_tokens_per_micro_batch, old_logprobs, sync_layout,
-                    forward_max_tokens, rollout_mode)
+                    forward_max_tokens, rollout_mode, ref_compute_at)
     raw = raw_sglang(engine)
     raw_ids = [list(p) for p in prompts for _ in range(n)]
     raw_params = sampling.to_sglang()
@@ -247,14 +259,17 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
         graphed()
     mine, theirs, totals, raw_totals, g_mine, g_totals = [], [], [], [], [], []
     tokens = 0
+    in_update = {}
     for _ in range(repeats):  # interleaved
         total, tokens = timed(ours)
         mine.append(step.last)
         totals.append(total)
+        in_update["e2e."] = step.ref_in_update
         if graphs_both:
             total, _ = timed(graphed)
             g_mine.append(step.last)
             g_totals.append(total)
+            in_update["e2e.graphs."] = step.ref_in_update
         r = raw_parts()
         theirs.append(r)
         raw_totals.append(sum(r.values()))
@@ -269,6 +284,7 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
         if not steps:
             continue
         out[f"{prefix}step_s"] = median(step_totals)
+        out[f"{prefix}ref_in_update"] = in_update[prefix]
         out[f"{prefix}ratio_vs_raw_parts"] = out["e2e.raw_parts_s"] / out[f"{prefix}step_s"]
         for part in steps[0]:
             out[f"{prefix}{part}_s"] = median([o[part] for o in steps])

@@ -195,6 +195,17 @@ class RefConfig:
     """Allow a frozen reference model (the actor's initial weights). It is built only when something reads it:
     actor.kl_loss_coef > 0, algorithm.kl_in_reward with kl_coef > 0, multitask.kl_target, or a dpo task. false
     saves its memory and forward pass; those settings then fail at config build."""
+    compute_at: str = "auto"
+    """When the reference log-probs are computed. `forward`: in the step's forward passes, before the advantages.
+    `update`: just before the actor's update, over the update's own micro batches. With the reference's passes
+    replayed from CUDA graphs (model.forward_cuda_graphs) the host queues each replay in microseconds, and the GPU
+    runs it in the idle time of the update, whose kernel launches keep the host busy: the reference pass then
+    costs the step little wall time. `update` needs a reference that feeds the KL loss alone: the update's own
+    log-probs as log pi_old (actor.old_logprobs auto with one update a step) and no KL in the reward. auto:
+    `update` where that holds and the reference runs from graphs, else `forward`."""
+
+    def __post_init__(self):
+        check_choice("ref.compute_at", self.compute_at, ("auto", "forward", "update"))
 
 
 @dataclass

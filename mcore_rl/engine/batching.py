@@ -24,6 +24,17 @@ import torch
 from torch import Tensor
 
 
+def to_device(t: Tensor, device) -> Tensor:
+    """`t` on `device`. A host tensor bound for a GPU goes through pinned memory with a non-blocking copy: a copy
+    from pageable memory makes the host wait until the GPU has run everything queued before it, so the host could
+    not queue a micro batch's kernels ahead of the GPU. The pinned buffer is kept by torch's host allocator until
+    the copy is done, so `t` may change afterwards. Anything else is `t.to(device)`."""
+    device = torch.device(device)
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 @dataclass
 class MicroBatch:
     input_ids: Tensor
@@ -56,11 +67,12 @@ class MicroBatch:
         return self.fields[key]
 
     def to(self, device) -> "MicroBatch":
-        """Move every tensor (and the cu_seqlens) to `device` in place (the engine does this); returns self."""
-        self.input_ids = self.input_ids.to(device)
-        self.position_ids = self.position_ids.to(device)
-        self.valid_mask = self.valid_mask.to(device)
-        self.fields = {k: v.to(device) for k, v in self.fields.items()}
+        """Move every tensor (and the cu_seqlens) to `device` in place (the engine does this); returns self.
+        Host tensors go to a GPU without blocking the host (`to_device`)."""
+        self.input_ids = to_device(self.input_ids, device)
+        self.position_ids = to_device(self.position_ids, device)
+        self.valid_mask = to_device(self.valid_mask, device)
+        self.fields = {k: to_device(v, device) for k, v in self.fields.items()}
         p = self.packed_seq_params
         if p is not None:
             # the sequence bounds as the host knows them now, kept beside the moved tensor: the packed attention
@@ -70,7 +82,7 @@ class MicroBatch:
             host_bounds = cu.tolist() if cu is not None and cu.device.type == "cpu" else None
             for name in ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded"):
                 if getattr(p, name) is not None:
-                    setattr(p, name, getattr(p, name).to(device))
+                    setattr(p, name, to_device(getattr(p, name), device))
             if host_bounds is not None:
                 moved = p.cu_seqlens_q_padded if p.cu_seqlens_q_padded is not None else p.cu_seqlens_q
                 p.mcore_rl_host_bounds = (moved, host_bounds)

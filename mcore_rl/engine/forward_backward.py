@@ -35,7 +35,7 @@ from megatron.core import parallel_state
 from megatron.core.distributed import finalize_model_grads
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
-from mcore_rl.engine.batching import MicroBatch, pad_micro_batch
+from mcore_rl.engine.batching import MicroBatch, pad_micro_batch, to_device
 from mcore_rl.engine.logprobs import align_to_tokens, next_token_targets, vocab_parallel_logprobs
 from mcore_rl.models import lm_head
 
@@ -217,7 +217,7 @@ def forward_backward(chunks: Sequence, micro_batches: Sequence[MicroBatch], loss
     for mb in micro_batches:
         found = lm_head.positions(mb["loss_mask"]) if selects and "loss_mask" in mb.fields else None
         mb.to(device)
-        logit_positions.append(None if found is None else (tuple(p.to(device) for p in found[0]), found[1]))
+        logit_positions.append(None if found is None else (tuple(to_device(p, device) for p in found[0]), found[1]))
         padded = router_hooks is not None and mb.num_tokens < mb.input_ids.numel()
         padding.append(~mb.valid_mask if padded else None)
     # Each chunk walks through all micro batches in order; the schedule interleaves the chunks.

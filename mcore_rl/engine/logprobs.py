@@ -25,6 +25,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from mcore_rl.engine.batching import to_device
+
 # Stands in for -inf on padded vocabulary entries: exp() of it minus any finite max is exactly 0, and unlike -inf
 # it keeps p * l finite (0) in the entropy.
 _MASKED_LOGIT = -1e30
@@ -300,5 +302,6 @@ def align_to_tokens(per_position: Tensor, valid_mask: Tensor, seq_starts: list[i
     keep = valid_mask.clone()
     keep[..., 0] = False
     if seq_starts:
-        keep[0, torch.as_tensor(seq_starts, device=keep.device)] = False
-    return torch.where(keep, shifted, torch.zeros((), dtype=shifted.dtype, device=shifted.device))
+        # index_fill_ takes the value as a scalar; `keep[0, idx] = False` would copy a host tensor of it (a sync)
+        keep[0].index_fill_(0, to_device(torch.as_tensor(seq_starts), keep.device), False)
+    return torch.where(keep, shifted, 0.0)

@@ -65,6 +65,27 @@ def old_logprob_source(mode: str, *, ppo_epochs: int, num_mini_batches: int, kl_
     return "recompute"
 
 
+def ref_in_update(setting: str, ref, *, old_source: str, kl_in_reward: bool) -> bool:
+    """Whether the reference log-probs are computed in the update (ref.compute_at, config/rl.py) rather than in
+    prepare's forward passes. Allowed only where they feed the KL loss alone: no KL in the reward, and nothing
+    reading them before the update (old_source current: prepare's `kl` metric is then the update's)."""
+    if ref is None or setting == "forward":
+        return False
+    allowed = old_source == "current" and not kl_in_reward
+    if setting == "update" and not allowed:
+        raise ValueError("ref.compute_at=update needs the reference to feed the KL loss alone: actor.old_logprobs "
+                         f"auto with one update a step (old log-probs are taken from {old_source!r} here) and "
+                         "algorithm.kl_in_reward off; set ref.compute_at=auto or forward")
+    return allowed and (setting == "update" or ref.graphed is not None)
+
+
+def attach_ref_logprobs(ref, micro_batches, temperature: float) -> None:
+    """The reference's log-probs of the update's micro batches as their `ref_logprobs` field (0 off the loss
+    mask, as prepare's would be), queued on the device ahead of the update (ref.compute_at=update)."""
+    for mb, out in zip(micro_batches, ref.compute_logprobs(micro_batches, temperature=temperature)):
+        mb.fields["ref_logprobs"] = torch.where(mb["loss_mask"].bool(), out["logprobs"].float(), 0.0)
+
+
 def generate(ctx: StepContext, engine, rewards, prompts, n: int, first_group_id: int,
              agent=None, seed_stream: str = "") -> tuple[Rollout, dict]:
     """Rank 0 generates n samples per prompt and scores them (produce); every rank gets the samples (receive).
@@ -133,14 +154,17 @@ def add_turn_rewards(samples) -> None:
 
 
 def prepare(ctx: StepContext, rollout: Rollout, algo: AlgorithmConfig, actor_cfg: ActorConfig, max_new_tokens: int,
-            kl_ctl, old_source: str = "recompute") -> tuple[RLBatch | Skip, dict]:
+            kl_ctl, old_source: str = "recompute", ref_in_update: bool = False) -> tuple[RLBatch | Skip, dict]:
     """Rewards -> (filter) -> old / reference log-probs and values -> advantages -> this rank's sequences.
 
     The actor's forward pass runs only for old_source=recompute; otherwise the rollout/* diagnostics (and, for
     current, `kl`) are measured by the update's loss (losses.actor_loss_fn). With old_source=rollout the
-    rollout log-probs also stand for log pi_old in `kl` and the KL reward penalty. Skip when dynamic sampling
-    leaves fewer samples than data-parallel ranks.
+    rollout log-probs also stand for log pi_old in `kl` and the KL reward penalty. With ref_in_update
+    (rl_step.ref_in_update) the reference's pass is left to update_actor. Skip when dynamic sampling leaves fewer
+    samples than data-parallel ranks.
     """
+    if ref_in_update and (old_source != "current" or algo.kl_in_reward):
+        raise ValueError("ref_in_update needs old_source current and no KL in the reward (rl_step.ref_in_update)")
     if old_source == "current" and algo.kl_in_reward and ctx.ref is not None:
         raise ValueError("old_source=current cannot serve algorithm.kl_in_reward: the KL penalty needs log pi_old "
                          "before the update (old_logprob_source picks recompute for it)")
@@ -169,10 +193,12 @@ def prepare(ctx: StepContext, rollout: Rollout, algo: AlgorithmConfig, actor_cfg
     recompute = old_source == "recompute"
     old_tok = gather_tokens(ctx.actor.compute_logprobs(mbs, temperature=t), mbs, "logprobs") if recompute else None
     ref_tok = (gather_tokens(ctx.ref.compute_logprobs(mbs, temperature=t), mbs, "logprobs")
-               if ctx.ref is not None else None)
+               if ctx.ref is not None and not ref_in_update else None)
     val_tok = gather_tokens(ctx.critic.compute_values(mbs), mbs, "values") if ctx.critic is not None else None
     m["timing/forward_s"] = time.perf_counter() - t0
     m["actor/old_logprobs_recomputed"] = float(recompute)
+    if ctx.ref is not None:
+        m["actor/ref_in_update"] = float(ref_in_update)
 
     # Advantages need the whole batch (groups, whitening): all-gather the per-sample results over DP.
     mask = response_mask(samples)
@@ -219,7 +245,7 @@ def prepare(ctx: StepContext, rollout: Rollout, algo: AlgorithmConfig, actor_cfg
                                        old_values=to_token_space(values[mine], my_samples),
                                        returns=to_token_space(returns[mine], my_samples))
     return RLBatch(Rollout(samples, rollout.weight_version), actor_seqs, critic_seqs, kl, int(mask.sum()),
-                   old_source), m
+                   old_source, ref_in_update), m
 
 
 def update_actor(ctx: StepContext, batch: RLBatch, actor_cfg: ActorConfig, num_mini: int,
@@ -231,16 +257,18 @@ def update_actor(ctx: StepContext, batch: RLBatch, actor_cfg: ActorConfig, num_m
     metrics = update(ctx.actor, batch.actor, num_mini, actor_cfg.ppo_epochs, actor_cfg.max_tokens_per_micro_batch,
                      lambda c: actor_loss_fn(actor_cfg, c, max_response_length, ctx.ref is not None,
                                              batch.old_source, peaks, measure_gap=next(updates) == 0),
-                     ctx.dp_group, "actor", with_entropy=True, temperature=ctx.temperature)
+                     ctx.dp_group, "actor", with_entropy=True, temperature=ctx.temperature,
+                     before_step=(lambda mbs: attach_ref_logprobs(ctx.ref, mbs, ctx.temperature))
+                     if batch.ref_in_update else None)
     if peaks is not None:
         metrics.update(peaks.reduce())
     return metrics
 
 
 def update(engine, seqs: Sequences, num_mini, epochs, max_tokens, make_loss, dp_group, prefix,
-           **kw) -> dict[str, float]:
+           before_step=None, **kw) -> dict[str, float]:
     """`epochs` passes over `seqs` in `num_mini` mini-batches, one optimizer step each; each metric the mean over
-    the applied updates that report it."""
+    the applied updates that report it. `before_step(micro_batches)` runs before each optimizer step's pass."""
     sums: dict[str, float] = {}
     seen: dict[str, int] = {}
     skipped = 0
@@ -250,6 +278,8 @@ def update(engine, seqs: Sequences, num_mini, epochs, max_tokens, make_loss, dp_
         for part in split_even(list(range(len(engine_seqs))), num_mini):
             mbs = micro_batches(engine, [engine_seqs[i] for i in part], max_tokens)
             counts = count(mbs, engine.device, dp_group)
+            if before_step is not None:  # after count(), whose host sync would wait for what it queues
+                before_step(mbs)
             res = engine.train_step(mbs, make_loss(counts), **kw)
             if res.nonfinite:  # not applied (engine.optimizer_step); update.check_finite applies trainer.on_nonfinite
                 first = first or {f"{prefix}/nonfinite_loss": res.loss, f"{prefix}/nonfinite_grad_norm": res.grad_norm}

@@ -82,6 +82,9 @@ class RLBatch:
     num_response_tokens: int
     old_source: str
     """What the update takes as log pi_old: recompute | current | rollout (rl_step.old_logprob_source)."""
+    ref_in_update: bool = False
+    """The reference log-probs are computed in the update, on its micro batches (ref.compute_at, rl_step.py), so
+    `actor` holds none."""
 
 
 @dataclass

@@ -71,7 +71,7 @@ class RLTask:
             if not rollout.samples:
                 return Skip("every sample was older than trainer.max_staleness allows"), m
             batch, prep_m = rl.prepare(self.ctx, rollout, self.algo, self.cfg.actor, self.max_response,
-                                       self.kl_ctl, self.old_source)
+                                       self.kl_ctl, self.old_source, self.ref_in_update())
             return batch, {**m, **prep_m}
         prompts = self.sampler.next_batch()
         n = self.algo.n_samples_per_prompt
@@ -79,8 +79,13 @@ class RLTask:
                                  agent=self.agent_rollout(engine),
                                  seed_stream=f"task:{self.name}" if self.cfg.multi_task else "")
         batch, prep_m = rl.prepare(self.ctx, rollout, self.algo, self.cfg.actor, self.max_response,
-                                   self.kl_ctl, self.old_source)
+                                   self.kl_ctl, self.old_source, self.ref_in_update())
         return batch, {**m, **prep_m}
+
+    def ref_in_update(self) -> bool:
+        """rl_step.ref_in_update for this task (asked per batch: the engines are built after the tasks)."""
+        return rl.ref_in_update(self.cfg.ref.compute_at, self.ctx.ref, old_source=self.old_source,
+                                kl_in_reward=self.algo.kl_in_reward)
 
     def agent_rollout(self, engine):
         """The task's AgentRollout where this rank generates and the task has an `agent` node, else None."""

@@ -37,11 +37,18 @@ def test_all_writes_every_figure(tmp_path, model):
            "--model", model, "--train-model", model, "--seq-len", "32", "--tokens", "128", "--iters", "1",
            "--train-warmup", "1", "--prompts", "2", "--n", "2", "--prompt-len", "4", "--max-new-tokens", "4",
            "--repeats", "1", "--warmup", "1", "--max-total-tokens", "2048", "--sync-layout", "all"]
+    # the dense run computes the reference log-probs in the update (the trainer's ref.compute_at=update); the MoE
+    # one keeps auto, which computes them before it (no graphs)
+    in_update = model == "tiny"
+    cmd += ["--ref-compute-at", "update"] if in_update else []
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", MASTER_PORT=str(free_port()))
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     figures = json.loads(out.read_text())
-    bad = {k: figures.get(k) for k in KEYS
+    assert figures["e2e.ref_in_update"] is in_update
+    if in_update:  # the update's time holds the reference's pass
+        assert figures["e2e.ref_logprobs_s"] == 0
+    bad = {k: figures.get(k) for k in KEYS if not (in_update and k == "e2e.ref_logprobs_s")
            if not isinstance(figures.get(k), (int, float)) or not math.isfinite(figures[k]) or figures[k] <= 0}
     assert not bad, f"missing, non-finite or non-positive figures: {bad}"
     assert figures["weight_sync.tp"] == 1 and figures["e2e.new_tokens"] == 2 * 2 * 4
@@ -79,6 +86,8 @@ def test_e2e_one_step_off_policy_writes_its_figures(tmp_path):
     assert not any(k.startswith("e2e.sync_debug.") for k in figures)  # --sync-debug counts CUDA syncs: GPU only
     # both: the graphed steps' own figures, against the same raw parts; both sides ran both forward passes
     assert figures["e2e.forward_cuda_graphs"] == "both" and figures["e2e.graphs.captures"] == 0  # none on CPU
+    # old log-probs recomputed: the reference feeds more than the loss, so auto computes it before the update
+    assert figures["e2e.ref_in_update"] is False and figures["e2e.graphs.ref_in_update"] is False
     for prefix in ("e2e.", "e2e.graphs."):
         for part in ("step", "old_logprobs", "ref_logprobs", "update", "sync"):
             assert math.isfinite(figures[f"{prefix}{part}_s"]) and figures[f"{prefix}{part}_s"] > 0, (prefix, part)

@@ -3,8 +3,10 @@ source of the old log-probs, on a real Megatron actor and reference (fp32, gloo,
 
     python -m torch.distributed.run --nproc_per_node 2 tests/trainer/old_logprobs_worker.py OUT
 
-Runs: recompute (the forward pass), current (auto's shortcut: the update's own log-probs, detached) and rollout
-(the samples' rollout log-probs, which are the actor's own minus a known per-token gap). Rank 0 writes, to
+Runs: recompute (the forward pass), current (auto's shortcut: the update's own log-probs, detached), rollout
+(the samples' rollout log-probs, which are the actor's own minus a known per-token gap), and current with the
+reference's log-probs computed in the update (ref.compute_at=update; once more with the reference's graph layout
+run eagerly, which auto picks). Rank 0 writes, to
 OUT/result.json, each run's step metrics, the weights' max abs change and the max abs weight difference between
 runs, and the figures the rollout run's loss must see, worked out here from the gap.
 """
@@ -51,8 +53,8 @@ if __name__ == "__main__":
     dp_group = ps.get_data_parallel_group()
     dp_rank, dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
 
-    def engine(path, optim: ActorConfig | None):
-        e = TrainEngine(hf, model_cfg, parallel, dataclasses.replace(optim, lr_decay_steps=1) if optim else None)
+    def engine(path, optim: ActorConfig | None, cfg: ModelConfig = model_cfg):
+        e = TrainEngine(hf, cfg, parallel, dataclasses.replace(optim, lr_decay_steps=1) if optim else None)
         load_hf_weights(e.model_chunks, path, hf)
         if optim:
             e.reload_master_weights()
@@ -82,17 +84,26 @@ if __name__ == "__main__":
     del probe
 
     algo = AlgorithmConfig(adv_estimator="grpo", n_samples_per_prompt=4)
+    result = {"runs": {}}
     ref = engine(ref_path, None)
+    # the reference with the CUDA graphs' fixed layout run eagerly (model.forward_cuda_graphs=static)
+    ref_static = engine(ref_path, None, dataclasses.replace(model_cfg, forward_cuda_graphs="static"))
+    in_update = {"current": False,  # ref.compute_at: forward (auto with an eager reference)
+                 "ref_in_update": rl.ref_in_update("update", ref, old_source="current", kl_in_reward=False),
+                 "ref_in_update_static": rl.ref_in_update("auto", ref_static, old_source="current",
+                                                          kl_in_reward=False)}
+    result["auto_with_eager_ref"] = rl.ref_in_update("auto", ref, old_source="current", kl_in_reward=False)
     # the forward pass packs like the update (forward budget = the update's), so recompute's old log-probs equal
     # the update's bit for bit and the comparison below is exact
     base = dict(lr=1e-3, clip_grad=1.0, kl_loss_coef=0.1, entropy_coef=0.01, max_tokens_per_micro_batch=32,
                 forward_max_tokens_per_micro_batch=32)
-    result = {"runs": {}}
     weights = {}
     init = None
     masked = dict(name="token_mask", low=0.5, high=1.05)  # drops the tokens whose gap is above log 1.05
     for label, source, actor_cfg in (("recompute", "recompute", ActorConfig(**base, tis_cap=1.05)),
                                      ("current", "current", ActorConfig(**base, tis_cap=1.05)),
+                                     ("ref_in_update", "current", ActorConfig(**base, tis_cap=1.05)),
+                                     ("ref_in_update_static", "current", ActorConfig(**base, tis_cap=1.05)),
                                      ("rollout", "rollout", ActorConfig(**base, old_logprobs="rollout")),
                                      ("rollout_2epochs", "rollout",
                                       ActorConfig(**base, old_logprobs="rollout", ppo_epochs=2)),
@@ -100,8 +111,10 @@ if __name__ == "__main__":
         actor = engine(actor_path, actor_cfg)
         if init is None:
             init = params(actor)
-        ctx = rl.StepContext(actor, ref, None, None, dp_group, dp_rank, dp_size, 1.0)
-        batch, m = rl.prepare(ctx, Rollout(samples, 0), algo, actor_cfg, 16, None, source)
+        ctx = rl.StepContext(actor, ref_static if label == "ref_in_update_static" else ref, None, None, dp_group,
+                             dp_rank, dp_size, 1.0)
+        batch, m = rl.prepare(ctx, Rollout(samples, 0), algo, actor_cfg, 16, None, source,
+                              in_update.get(label, False))
         m.update(rl.update_actor(ctx, batch, actor_cfg, 1, 16))
         result["runs"][label] = m
         weights[label] = params(actor)
@@ -113,6 +126,8 @@ if __name__ == "__main__":
     result["update_size"] = max_diff(weights["recompute"], init)
     result["diff_current"] = max_diff(weights["current"], weights["recompute"])
     result["diff_rollout"] = max_diff(weights["rollout"], weights["recompute"])
+    result["diff_ref_in_update"] = max_diff(weights["ref_in_update"], weights["current"])
+    result["diff_ref_in_update_static"] = max_diff(weights["ref_in_update_static"], weights["current"])
     # what the rollout run's loss sees: ratio = exp(log pi - rollout) = exp(gap) on every response token
     # what the corrections see: rho = pi_old / pi_rollout = exp(gap) on every response token
     rho = gap.exp()

@@ -67,7 +67,8 @@ def steps(tmp_path_factory):
 
 
 def _diagnostics(m):
-    return {k: v for k, v in m.items() if not k.startswith("timing/") and k != "actor/old_logprobs_recomputed"}
+    return {k: v for k, v in m.items()
+            if not k.startswith("timing/") and k not in ("actor/old_logprobs_recomputed", "actor/ref_in_update")}
 
 
 @pytest.mark.slow
@@ -150,3 +151,43 @@ def test_off_policy_correction_config_errors():
         ActorConfig(tis_cap=2.0, off_policy_correction={"name": "token_mask"})
     with pytest.raises(ValueError, match=r"which is 1 with actor.old_logprobs=rollout"):
         ActorConfig(old_logprobs="rollout", off_policy_correction={"name": "seq_tis"})
+
+
+@pytest.mark.slow
+def test_reference_in_the_update_matches_the_forward_pass(steps):
+    """ref.compute_at=update: the reference's log-probs computed on the update's micro batches, just before it,
+    instead of in prepare's forward passes. The forward budget equals the update's here, so the eager reference
+    sees the same micro batches either way: the same metrics (METRIC_RTOL) and weights (WEIGHT_RTOL). Through the
+    graphs' static layout (what auto picks) the log-probs differ from the eager ones by < 2e-5 (fp32, other
+    shapes; tests/engine/test_graphed_forward.py), so the metrics agree within 1e-4 relative and the weights
+    within 1e-2 of the update's size."""
+    cur, upd, static = (steps["runs"][k] for k in ("current", "ref_in_update", "ref_in_update_static"))
+    assert cur["actor/ref_in_update"] == 0.0 and upd["actor/ref_in_update"] == 1.0
+    assert static["actor/ref_in_update"] == 1.0 and steps["auto_with_eager_ref"] is False
+    assert _diagnostics(upd) == pytest.approx(_diagnostics(cur), rel=METRIC_RTOL, abs=1e-12)
+    assert steps["diff_ref_in_update"] <= WEIGHT_RTOL * steps["update_size"], steps
+    assert _diagnostics(static) == pytest.approx(_diagnostics(cur), rel=1e-4, abs=1e-9)
+    # Adam normalises each entry's step, so a tiny gradient moved by the KL's 1e-5 shifts moves by more than the
+    # METRIC's share (observed 3e-3 of the update's size); a flipped sign would show as 2x the update's size
+    assert steps["diff_ref_in_update_static"] <= 1e-2 * steps["update_size"], steps
+    assert cur["actor/kl_loss"] > 0 and cur["kl"] != 0  # the reference does reach the loss
+
+
+def test_reference_in_the_update_rule():
+    from types import SimpleNamespace
+
+    from mcore_rl.config.rl import RefConfig
+    from mcore_rl.trainer.rl_step import ref_in_update
+
+    graphed, eager = SimpleNamespace(graphed=object()), SimpleNamespace(graphed=None)  # what the rule reads
+    kw = dict(old_source="current", kl_in_reward=False)
+    assert ref_in_update("auto", graphed, **kw) and not ref_in_update("auto", eager, **kw)
+    assert ref_in_update("update", eager, **kw) and not ref_in_update("forward", graphed, **kw)
+    assert not ref_in_update("update", None, **kw)  # no reference
+    for source, kl_in_reward in (("recompute", False), ("rollout", False), ("current", True)):
+        assert not ref_in_update("auto", graphed, old_source=source, kl_in_reward=kl_in_reward)
+        with pytest.raises(ValueError, match=r"ref.compute_at=update needs the reference to feed the KL loss alone"):
+            ref_in_update("update", graphed, old_source=source, kl_in_reward=kl_in_reward)
+    assert RefConfig().compute_at == "auto"
+    with pytest.raises(ValueError, match=r"ref.compute_at='later' is not one of auto, forward, update"):
+        RefConfig(compute_at="later")
