@@ -244,7 +244,9 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
         return {"rollout": gen, "update": upd, "sync": cp}
 
     if graphs_both and actor.graphed is None:
-        raise ValueError("graphs_both needs engines built with model.forward_cuda_graphs on (or static)")
+        raise ValueError("graphs_both needs engines whose forward passes run from CUDA graphs (model."
+                         "forward_cuda_graphs on or static); this one's are eager: "
+                         f"{actor.graphs_off_reason or 'model.forward_cuda_graphs is off'}")
 
     def ours():  # with graphs_both, the eager side
         with eager_forward(actor, ref) if graphs_both else contextlib.nullcontext():

@@ -78,14 +78,15 @@ class MicroBatch:
             # the sequence bounds as the host knows them now, kept beside the moved tensor: the packed attention
             # (models/attention.py) then need not read them back from the device, a sync that would stop the host
             # from queueing the micro batch's kernels ahead of the GPU
-            cu = p.cu_seqlens_q_padded if p.cu_seqlens_q_padded is not None else p.cu_seqlens_q
+            from mcore_rl.models.attention import packed_bounds
+
+            cu = packed_bounds(p)
             host_bounds = cu.tolist() if cu is not None and cu.device.type == "cpu" else None
             for name in ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded"):
                 if getattr(p, name) is not None:
                     setattr(p, name, to_device(getattr(p, name), device))
             if host_bounds is not None:
-                moved = p.cu_seqlens_q_padded if p.cu_seqlens_q_padded is not None else p.cu_seqlens_q
-                p.mcore_rl_host_bounds = (moved, host_bounds)
+                p.mcore_rl_host_bounds = (packed_bounds(p), host_bounds)
         return self
 
 

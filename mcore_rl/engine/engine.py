@@ -121,8 +121,11 @@ class TrainEngine:
         self.lr_multiplier = 1.0
         self.graphed = None
         """engine/graphed_forward.GraphedForward with model.forward_cuda_graphs on / static, else None."""
+        self.graphs_off_reason: str | None = None
+        """Why model.forward_cuda_graphs on / static left the forward passes eager (None when it did not)."""
         graphs = model_cfg.forward_cuda_graphs
         if graphs == "on" and self.device.type != "cuda":
+            self.graphs_off_reason = "no CUDA device"
             logger.info("model.forward_cuda_graphs=on: no CUDA device, eager forward passes")
         elif graphs != "off":
             from mcore_rl.engine.graphed_forward import GraphedForward, unsupported
@@ -132,6 +135,7 @@ class TrainEngine:
             if reason is None:
                 self.graphed = GraphedForward(self.model_chunks[0], self.model_info, capture=graphs == "on")
             else:
+                self.graphs_off_reason = reason
                 logger.info("model.forward_cuda_graphs=%s: eager forward passes (%s)", graphs, reason)
 
     @property

@@ -22,6 +22,8 @@ import torch.nn.functional as F
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.transformer.module import MegatronModule
 
+from mcore_rl.models.rope import packed_index
+
 
 class SDPAttention(MegatronModule):
     def __init__(
@@ -128,7 +130,7 @@ class SDPAttention(MegatronModule):
     def _packed_padded(self, query, key, value, layout):
         n, L, total = layout.num_seqs, layout.max_len, layout.total
         if layout.uniform:  # n sequences of the same length back to back: a plain reshape, no copy
-            q, k, v = (x[:total].reshape(n, L, *x.shape[1:]).transpose(1, 2) for x in (query, key, value))
+            q, k, v = (_head(x, total).reshape(n, L, *x.shape[1:]).transpose(1, 2) for x in (query, key, value))
             out = self._attend(q, k, v).transpose(1, 2)  # [n, L, nh, d]
             return out.reshape(total, *out.shape[2:])
         q, k, v = (x[layout.gather].transpose(1, 2) for x in (query, key, value))  # [n, heads, L, d]
@@ -137,12 +139,18 @@ class SDPAttention(MegatronModule):
 
     def _packed_varlen(self, query, key, value, layout):
         total = layout.total
-        q, k, v = (x[:total] for x in (query, key, value))
+        q, k, v = (_head(x, total) for x in (query, key, value))
         if self.num_heads != self.num_groups:  # the kernel is called with as many kv heads as query heads
             rep = self.num_heads // self.num_groups
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         return _VarlenFlash.apply(q.contiguous(), k.contiguous(), v.contiguous(), layout.cu, layout.max_len,
                                   self.scale)
+
+
+def _head(x: torch.Tensor, n: int) -> torch.Tensor:
+    """The first n rows of x: x itself when it has n rows. A slice of every row still costs its backward a zeroed
+    gradient the size of x and a copy into it, for each of q, k and v in every layer."""
+    return x if x.size(0) == n else x[:n]
 
 
 PACKED_IMPLS = ("auto", "varlen", "padded", "loop")
@@ -182,9 +190,8 @@ class _PackedLayout:
             start, length = cu[:-1] + self.bounds[0], cu[1:] - cu[:-1]
             col = torch.arange(self.max_len, device=cu.device)
             gather = start[:, None] + torch.minimum(col[None, :], length[:, None] - 1)
-            token = torch.arange(self.total - self.bounds[0], device=cu.device)
-            seq = torch.searchsorted(cu[1:].contiguous(), token, right=True)
-            self._padded = gather, seq * self.max_len + (token - cu[seq])
+            seq, pos = packed_index(cu, self.total - self.bounds[0])
+            self._padded = gather, seq * self.max_len + pos
         return self._padded
 
     @property
@@ -219,10 +226,14 @@ def _cumsum(values):
         yield total
 
 
+def packed_bounds(params) -> torch.Tensor | None:
+    """The sequence bounds the packed attention reads from Megatron's PackedSeqParams: the padded ones where
+    present, else the plain ones. MicroBatch.to keeps the host's values of this same tensor."""
+    return params.cu_seqlens_q_padded if params.cu_seqlens_q_padded is not None else params.cu_seqlens_q
+
+
 def _packed_layout(params, device) -> _PackedLayout:
-    cu = params.cu_seqlens_q_padded
-    if cu is None:
-        cu = params.cu_seqlens_q
+    cu = packed_bounds(params)
     cached = getattr(params, "_mcore_rl_layout", None)
     if cached is None or cached.cu_source is not cu:
         known = getattr(params, "mcore_rl_host_bounds", None)  # (cu, its values), from MicroBatch.to

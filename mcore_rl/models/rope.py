@@ -34,12 +34,18 @@ _cache: dict = {"key": None, "value": None}
 _compiled = None
 
 
-def packed_positions(cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    """Position of each of `num_tokens` packed tokens within its sequence ([t] int64; device ops only)."""
+def packed_index(cu_seqlens: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each of `num_tokens` packed tokens, its sequence and its position within it ([t] int64 each; device ops
+    only). Tokens past the last bound count as the last sequence's."""
     cu = cu_seqlens.to(torch.long)
     idx = torch.arange(num_tokens, device=cu.device)
     seq = torch.searchsorted(cu[1:].contiguous(), idx, right=True).clamp_(max=cu.numel() - 1)
-    return idx - cu[seq]
+    return seq, idx - cu[seq]
+
+
+def packed_positions(cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """Position of each of `num_tokens` packed tokens within its sequence ([t] int64; device ops only)."""
+    return packed_index(cu_seqlens, num_tokens)[1]
 
 
 def _packed_cos_sin(freqs, cu_seqlens, num_tokens: int, dtype, mscale: float):

@@ -65,6 +65,11 @@ if __name__ == "__main__":
                 for eng in engines.values():
                     ckpt.load(init, eng.model_chunks)
             assert engines["off"].graphed is None and engines["static"].graphed is not None
+            if lm_head == "loss_tokens":  # what an engine says when graphs were asked for and are not used
+                on = C.model_cfg(path, lm_head=lm_head)
+                on.max_seq_len, on.forward_cuda_graphs = 512, "on"
+                results[f"{arch}/off_reason"] = [engines["static"].graphs_off_reason, engines["off"].graphs_off_reason,
+                                                 TrainEngine(hf, on, parallel).graphs_off_reason]
             for name in cases(0):
                 for temperature, entropy in ((1.0, True), (0.7, False)):
                     outs = {mode: eng.compute_logprobs(cases(0)[name], temperature=temperature, with_entropy=entropy)

@@ -53,6 +53,8 @@ def test_static_layout_equals_the_eager_path(tmp_path, tiny_models, torchrun, np
     assert not any(v for k, v in res.items() if k.endswith("/zeros_differ"))
     assert all(v for k, v in res.items() if k.endswith("/shapes_equal"))
     assert all(v > 20 for k, v in res.items() if k.endswith("/nonzero"))
+    for arch in ("llama", "qwen2"):  # static: used; off: not asked; on without CUDA: eager, and it says why
+        assert res[f"{arch}/off_reason"] == [None, None, "no CUDA device"]
     for arch in ("llama", "qwen2"):  # capture on: shapes met once run eagerly, in one call, and nothing is captured
         n = res[f"{arch}/num_micro_batches"]
         assert n > 1 and res[f"{arch}/first_sight_eager_calls"] == [n]
