@@ -38,7 +38,7 @@ from typing import Sequence
 import torch
 from megatron.core import parallel_state, tensor_parallel
 
-from mcore_rl.engine.batching import MicroBatch
+from mcore_rl.engine.batching import MicroBatch, to_device
 from mcore_rl.engine.logprobs import align_to_tokens, vocab_parallel_logprobs
 from mcore_rl.models import lm_head
 
@@ -234,7 +234,7 @@ class GraphedForward:
             if results[i] is not None:
                 continue
             mb.to(device)
-            bounds, cols = bounds.to(device), cols.to(device)
+            bounds, cols = to_device(bounds, device), to_device(cols, device)  # no host wait on queued replays
             # Eagerly, fresh buffers per micro batch: the attention and RoPE cache what they derive from cu_seqlens
             # by the tensor's identity. A graph computes those inside the capture, so its buffers are reused.
             static = self._static(key, device)
