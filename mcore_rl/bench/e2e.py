@@ -35,8 +35,9 @@ old log-probs are not recomputed (with graphs_both: on the graphed side only), `
 separate phase. `e2e.ref_in_update` (`e2e.graphs.ref_in_update`) says which ran; in the update, the reference's
 time is part of `update_s`.
 
-With `sync_debug` (`--sync-debug`, GPU only), one more step of ours and one raw update run under
-`torch.cuda.set_sync_debug_mode("warn")`: `e2e.sync_debug.{ours,raw_update}` count the host syncs each made (the
+With `sync_debug` (`--sync-debug`, GPU only), one more step of ours (and with graphs_both one graphed step) and
+one raw update run under `torch.cuda.set_sync_debug_mode("warn")`: `e2e.sync_debug.{ours,graphs,raw_update}`
+count the host syncs each made (the
 bench's own timing syncs left out) and `..._where` lists where (file:line of the Python call, most frequent first).
 A host-bound step loses its overlap with the GPU at every sync.
 
@@ -298,7 +299,8 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
     if sync_debug and torch.cuda.is_available():
         ids = step.last_ids.to(raw_train.device)
         rows = max(1, max_tokens_per_micro_batch // ids.size(1))  # raw_parts' micro batches
-        for name, fn in (("ours", ours), ("raw_update", lambda: raw_train.step(ids, rows))):
+        sides = [("ours", ours)] + ([("graphs", graphed)] if graphs_both else [])
+        for name, fn in sides + [("raw_update", lambda: raw_train.step(ids, rows))]:
             out[f"e2e.sync_debug.{name}"], out[f"e2e.sync_debug.{name}_where"] = count_syncs(fn)
     if profile_dir:
         out.update(_profile(ours, raw_parts, profile_dir))

@@ -54,6 +54,9 @@ class MicroBatch:
     """megatron.core.packed_seq_params.PackedSeqParams for packed micro batches, else None."""
     seq_starts: list[int] = field(default_factory=list)
     """Packed: offset of each sequence in the [1, t] row. Padded: 0 for each row."""
+    host_loss_mask: Tensor | None = field(default=None, repr=False)
+    """The loss mask as the host had it before `to` moved the fields (None until then)."""
+    _logit_positions: tuple | None = field(default=None, init=False, repr=False)
 
     @property
     def packed(self) -> bool:
@@ -66,9 +69,23 @@ class MicroBatch:
     def __getitem__(self, key: str) -> Tensor:
         return self.fields[key]
 
+    def logit_positions(self) -> tuple[tuple[Tensor, Tensor], bool]:
+        """`models.lm_head.positions` of the loss mask (the positions whose logits the loss reads), found once, on
+        the host: from the host's copy of the mask once the fields are on a GPU, where reading the mask back
+        (nonzero) would make the host wait for the kernels queued before it. Host tensors."""
+        if self._logit_positions is None:
+            from mcore_rl.models import lm_head
+
+            mask = self.host_loss_mask if self.host_loss_mask is not None else self.fields["loss_mask"]
+            self._logit_positions = lm_head.positions(mask.cpu())
+        return self._logit_positions
+
     def to(self, device) -> "MicroBatch":
         """Move every tensor (and the cu_seqlens) to `device` in place (the engine does this); returns self.
         Host tensors go to a GPU without blocking the host (`to_device`)."""
+        mask = self.fields.get("loss_mask")
+        if mask is not None and mask.device.type == "cpu":
+            self.host_loss_mask = mask
         self.input_ids = to_device(self.input_ids, device)
         self.position_ids = to_device(self.position_ids, device)
         self.valid_mask = to_device(self.valid_mask, device)
@@ -82,9 +99,17 @@ class MicroBatch:
 
             cu = packed_bounds(p)
             host_bounds = cu.tolist() if cu is not None and cu.device.type == "cpu" else None
-            for name in ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded"):
-                if getattr(p, name) is not None:
-                    setattr(p, name, to_device(getattr(p, name), device))
+            # one copy of each distinct tensor: make_micro_batches gives queries and keys the same bounds, and the
+            # RoPE and attention caches (models/rope.py, models/attention.py) key on the tensor's identity, so two
+            # copies of one tensor would make every layer recompute what the first layer cached
+            bounds = {name: getattr(p, name) for name in
+                      ("cu_seqlens_q", "cu_seqlens_kv", "cu_seqlens_q_padded", "cu_seqlens_kv_padded")}
+            moved: dict[int, Tensor] = {}  # by the identity of the host tensors, all alive in `bounds`
+            for name, t in bounds.items():
+                if t is not None:
+                    if id(t) not in moved:
+                        moved[id(t)] = to_device(t, device)
+                    setattr(p, name, moved[id(t)])
             if host_bounds is not None:
                 p.mcore_rl_host_bounds = (packed_bounds(p), host_bounds)
         return self

@@ -215,7 +215,7 @@ def forward_backward(chunks: Sequence, micro_batches: Sequence[MicroBatch], loss
     # MoE routers leave padding out of the load-balancing and z losses (Megatron's padding_mask: True on padding)
     padding: list[torch.Tensor | None] = []
     for mb in micro_batches:
-        found = lm_head.positions(mb["loss_mask"]) if selects and "loss_mask" in mb.fields else None
+        found = mb.logit_positions() if selects and "loss_mask" in mb.fields else None
         mb.to(device)
         logit_positions.append(None if found is None else (tuple(to_device(p, device) for p in found[0]), found[1]))
         padded = router_hooks is not None and mb.num_tokens < mb.input_ids.numel()

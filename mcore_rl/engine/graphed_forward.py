@@ -206,7 +206,7 @@ class GraphedForward:
         keys, inputs = [], []
         for mb in micro_batches:  # positions and shapes on the host, before anything is queued on the device
             if "loss_mask" in mb.fields and self.info.lm_head == "loss_tokens":
-                (_, cols), empty = lm_head.positions(mb["loss_mask"].cpu())
+                (_, cols), empty = mb.logit_positions()
                 cols = cols[:0] if empty else cols
             else:
                 cols = torch.arange(mb.input_ids.size(1))

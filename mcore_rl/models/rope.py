@@ -48,10 +48,11 @@ def packed_positions(cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
     return packed_index(cu_seqlens, num_tokens)[1]
 
 
-def _packed_cos_sin(freqs, cu_seqlens, num_tokens: int, dtype, mscale: float):
-    """cos / sin of every packed token's frequencies ([t, 1, 1, rot_dim] in `dtype`), Megatron's rounding; one
-    entry cached: every layer of a micro batch asks for the same (queries and keys too)."""
-    key = (cu_seqlens, freqs, num_tokens, dtype, mscale)
+def _packed_cos_sin(freqs, cu_seqlens, num_tokens: int, dtype, mscale: float, interleaved: bool):
+    """cos / sin of every packed token's frequencies in `dtype`, Megatron's rounding: [t, 1, rot_dim], to
+    broadcast over a [t, heads, d] tensor, or [t, 1, 1, rot_dim] for the interleaved rotation, which needs Megatron's
+    4-d layout. One entry cached: every layer of a micro batch asks for the same (queries and keys too)."""
+    key = (cu_seqlens, freqs, num_tokens, dtype, mscale, interleaved)
     cached = _cache["key"]
     if cached is not None and cached[0] is cu_seqlens and cached[1] is freqs and cached[2:] == key[2:]:
         return _cache["value"]
@@ -59,6 +60,8 @@ def _packed_cos_sin(freqs, cu_seqlens, num_tokens: int, dtype, mscale: float):
         packed = freqs[:num_tokens]
     else:
         packed = freqs[packed_positions(cu_seqlens, num_tokens).to(freqs.device)]
+    if not interleaved:
+        packed = packed.reshape(num_tokens, 1, packed.size(-1))
     value = ((torch.cos(packed) * mscale).to(dtype), (torch.sin(packed) * mscale).to(dtype))
     _cache["key"], _cache["value"] = key, value
     return value
@@ -94,8 +97,12 @@ def apply_rotary_pos_emb(t, freqs, config, cu_seqlens=None, mscale: float = 1.0,
     if cu_seqlens is None or config.apply_rope_fusion or config.multi_latent_attention or \
             (cp_group is not None and cp_group.size() > 1) or (cp_group is None and _context_parallel_size() > 1):
         return _megatron_apply(t, freqs, config, cu_seqlens=cu_seqlens, mscale=mscale, cp_group=cp_group)
-    cos, sin = _packed_cos_sin(freqs, cu_seqlens, t.size(0), t.dtype, mscale)
-    return _rotate_fn(t.device, compile)(t.unsqueeze(1), cos, sin, config.rotary_interleaved).squeeze(1)
+    interleaved = config.rotary_interleaved
+    cos, sin = _packed_cos_sin(freqs, cu_seqlens, t.size(0), t.dtype, mscale, interleaved)
+    if interleaved:  # Megatron's interleaved rotate-half indexes a 4-d [s, b, heads, d] tensor
+        return _rotate_fn(t.device, compile)(t.unsqueeze(1), cos, sin, True).squeeze(1)
+    # the same products on [t, heads, d] directly: no unsqueeze / squeeze (and their backward) per call
+    return _rotate_fn(t.device, compile)(t, cos, sin, False)
 
 
 def _context_parallel_size() -> int:

@@ -58,6 +58,34 @@ def test_packed_layout_thd():
     assert mb.valid_mask[0].tolist() == [True] * 10 + [False] * 2
 
 
+def test_moving_keeps_shared_bounds_shared():
+    """Queries and keys share one bounds tensor; a move to another device must keep it one tensor, since the RoPE
+    and attention caches key on identity (two copies made every layer of a GPU forward rebuild the cos / sin).
+    The meta device stands in for a GPU here: like a GPU, and unlike the CPU, .to() makes a new tensor there."""
+    mb = pack_sequences(seqs([3, 5, 2]), [0, 1, 2], pad_to_multiple_of=4)
+    p = mb.packed_seq_params
+    assert p.cu_seqlens_q is p.cu_seqlens_kv
+    mb.to("meta")
+    assert p.cu_seqlens_q.device.type == "meta" and p.cu_seqlens_q is p.cu_seqlens_kv
+    assert mb.input_ids.device.type == "meta" and mb["adv"].device.type == "meta"
+    assert p.mcore_rl_host_bounds[1] == [0, 3, 8, 10, 12]
+
+
+def test_logit_positions_come_from_the_host_mask_after_a_move():
+    """The update and the graphed forward find the logit positions from the host's copy of the loss mask, also
+    after a pass moved the micro batch to the GPU (reading a device mask would be a host sync per micro batch);
+    on the meta device a read would fail outright."""
+    from mcore_rl.models import lm_head
+
+    mb = pack_sequences(seqs([3, 5, 2]), [0, 1, 2], pad_to_multiple_of=4)
+    expected = lm_head.positions(mb["loss_mask"])
+    mb.to("meta")
+    (rows, cols), empty = mb.logit_positions()
+    assert rows.device.type == "cpu" and not empty
+    assert torch.equal(rows, expected[0][0]) and torch.equal(cols, expected[0][1])
+    assert mb.logit_positions()[0][1] is cols  # found once
+
+
 def test_pad_micro_batch_to_common_shape():
     mb = pack_sequences(seqs([3, 2]), [0, 1])
     big = pad_micro_batch(mb, 8)

@@ -52,6 +52,30 @@ def test_equals_megatron_thd(lengths, head_dim, dtype):
     assert torch.equal(got_long, expected)
 
 
+class _InterleavedConfig(_Config):
+    rotary_interleaved = True
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_interleaved_equals_megatron_thd(dtype):
+    t, freqs, cu = _case([5, 1, 9, 3], dtype, head_dim=24)
+    expected = rope_utils._apply_rotary_pos_emb_thd(t, cu, freqs, rotary_interleaved=True, cp_group=_OneRank())
+    got = rope.apply_rotary_pos_emb(t, freqs, _InterleavedConfig(), cu_seqlens=cu, cp_group=_OneRank())
+    assert torch.equal(got, expected)
+
+
+def test_cos_sin_computed_once_per_micro_batch():
+    """Every layer's queries and keys of one micro batch reuse the first call's cos / sin (the bounds tensor is the
+    key, by identity); a new micro batch's bounds compute them anew."""
+    t, freqs, cu = _case([5, 1, 9, 3], torch.float32)
+    rope.clear_cache()
+    first = rope._packed_cos_sin(freqs, cu, t.size(0), t.dtype, 1.0, False)
+    assert rope._packed_cos_sin(freqs, cu, t.size(0), t.dtype, 1.0, False) is first
+    assert first[0].shape == (t.size(0), 1, freqs.size(-1))  # broadcasts over [t, heads, d] as it is
+    other = rope._packed_cos_sin(freqs, cu.clone(), t.size(0), t.dtype, 1.0, False)
+    assert other is not first and torch.equal(other[0], first[0])
+
+
 def test_gradients_equal_megatron_thd():
     t, freqs, cu = _case([6, 2, 5], torch.float32, seed=1)
     a, b = t.clone().requires_grad_(), t.clone().requires_grad_()
