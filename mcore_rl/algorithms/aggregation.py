@@ -31,7 +31,7 @@ from typing import NamedTuple, Sequence
 import torch
 from torch import Tensor
 
-from .masking import masked_fill_padding
+from .masking import device_scalar, masked_fill_padding
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
@@ -48,11 +48,8 @@ def _check_mode(loss_agg_mode: str, max_response_length: int | None) -> None:
 
 
 def _denominator(value: Tensor | float | int, like: Tensor) -> Tensor:
-    # clamp to 1: an all-padding batch gives loss 0 (with zero gradient) instead of 0/0. A host number is filled
-    # in on the device (torch.full) rather than copied there, which would block until the device catches up.
-    if isinstance(value, Tensor):
-        return value.to(like.device, like.dtype).clamp(min=1)
-    return torch.full((), max(float(value), 1.0), dtype=like.dtype, device=like.device)
+    # clamp to 1: an all-padding batch gives loss 0 (with zero gradient) instead of 0/0
+    return device_scalar(value, like, min=1.0)
 
 
 def aggregate_loss(

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from .aggregation import aggregate_loss
-from .masking import masked_fill_padding, masked_mean, masked_sum
+from .masking import device_scalar, masked_fill_padding, masked_mean, masked_sum
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
@@ -86,8 +86,7 @@ def apply_kl_penalty(
     logprobs = masked_fill_padding(logprobs, mask)
     ref_logprobs = masked_fill_padding(ref_logprobs.to(logprobs.dtype), mask)
     kl = masked_fill_padding(estimate_kl(logprobs, ref_logprobs, estimator, clamp=clamp), mask)
-    kl_coef = (kl_coef.to(kl.device, kl.dtype) if isinstance(kl_coef, torch.Tensor)
-               else torch.full((), float(kl_coef), dtype=kl.dtype, device=kl.device))
+    kl_coef = device_scalar(kl_coef, kl)
     rewards = masked_fill_padding(token_rewards.to(kl.dtype) - kl_coef * kl, mask)
     nonempty = mask.any(dim=-1)
     metrics = {

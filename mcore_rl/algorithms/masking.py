@@ -32,6 +32,29 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return masked_sum(x, mask, dim) / count.clamp(min=1).to(x.dtype)
 
 
+def masked_means(values: dict[str, Tensor], mask: Tensor, dtype: torch.dtype = torch.float32) -> dict[str, Tensor]:
+    """`masked_mean` of each [B, T] tensor in `values` (bool ones count as 0/1), in `dtype`, by one masked
+    reduction over their stack: a loss's statistics are several such means per micro batch, and each alone is its
+    own handful of kernels (a host-bound update launches every one of them). Returns 0-dim tensors, same keys."""
+    if not values:
+        return {}
+    mask = mask.bool()
+    stacked = torch.stack([v.to(dtype) for v in values.values()])  # [K, B, T]
+    sums = torch.where(mask, stacked, 0.0).sum(dim=(-2, -1))
+    means = sums / mask.sum().clamp(min=1).to(dtype)
+    return dict(zip(values, means.unbind()))
+
+
+def device_scalar(value: Tensor | float, like: Tensor, min: float | None = None) -> Tensor:
+    """`value` (a number or a tensor) as a 0-dim tensor of `like`'s dtype and device, at least `min` if given. A
+    number is filled in on the device: a device tensor made from a host value is a copy the host waits for."""
+    if isinstance(value, Tensor):
+        out = value.to(like.device, like.dtype)
+        return out if min is None else out.clamp(min=min)
+    value = float(value) if min is None else max(float(value), min)
+    return torch.full((), value, dtype=like.dtype, device=like.device)
+
+
 def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
     """Variance of the selected entries of `x` (scalar); 0 when fewer than two entries are selected."""
     mean = masked_mean(x, mask)

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from .aggregation import aggregate_loss
-from .masking import masked_fill_padding, masked_mean, masked_sum
+from .masking import masked_fill_padding, masked_mean, masked_means, masked_sum
 from .registry import register_policy_loss
 
 # exp() of a log-ratio beyond this is a numerical accident, not a learning signal; clamping keeps fp32 finite.
@@ -62,17 +62,12 @@ def _clipped_surrogate(
         # tokens whose gradient the clip removes
         high = (r > 1.0 + clip_ratio_high) & (advantages > 0)
         low = (r < 1.0 - clip_ratio_low) & (advantages < 0)
-        dtype = r.dtype
-        metrics = {
-            "clip_frac": masked_mean((high | low).to(dtype), mask),
-            "clip_frac_high": masked_mean(high.to(dtype), mask),
-            "clip_frac_low": masked_mean(low.to(dtype), mask),
-            "ratio_mean": masked_mean(r, mask),
-            # ratio > 0, so padding filled with 0 never wins the max
-            "ratio_max": masked_fill_padding(r, mask).amax() if r.numel() > 0 else r.new_zeros(()),
-        }
+        rows = {"clip_frac": high | low, "clip_frac_high": high, "clip_frac_low": low, "ratio_mean": r}
         if clip_ratio_c is not None:
-            metrics["dual_clip_frac"] = masked_mean(((advantages < 0) & (r > clip_ratio_c)).to(dtype), mask)
+            rows["dual_clip_frac"] = (advantages < 0) & (r > clip_ratio_c)
+        metrics = masked_means(rows, mask, r.dtype)
+        # ratio > 0, so padding filled with 0 never wins the max
+        metrics["ratio_max"] = masked_fill_padding(r, mask).amax() if r.numel() > 0 else r.new_zeros(())
     return loss_mat, metrics
 
 
@@ -80,7 +75,7 @@ def _kl_metrics(log_ratio: Tensor, mask: Tensor) -> dict[str, Tensor]:
     """KL(pi_old || pi_theta) estimated on the rollout samples: k1 (ppo_kl) and k3 (approx_kl)."""
     with torch.no_grad():
         lr = log_ratio.detach()
-        return {"ppo_kl": masked_mean(-lr, mask), "approx_kl": masked_mean(torch.expm1(lr) - lr, mask)}
+        return masked_means({"ppo_kl": -lr, "approx_kl": torch.expm1(lr) - lr}, mask, lr.dtype)
 
 
 def _weight(loss_mat: Tensor, token_weights: Tensor | None, mask: Tensor) -> Tensor:
