@@ -37,9 +37,8 @@ time is part of `update_s`.
 
 With `sync_debug` (`--sync-debug`, GPU only), one more step of ours (and with graphs_both one graphed step) and
 one raw update run under `torch.cuda.set_sync_debug_mode("warn")`: `e2e.sync_debug.{ours,graphs,raw_update}`
-count the host syncs each made (the
-bench's own timing syncs left out) and `..._where` lists where (file:line of the Python call, most frequent first).
-A host-bound step loses its overlap with the GPU at every sync.
+count the host syncs each made (the bench's own timing syncs left out) and `..._where` lists where (file:line of
+the Python call, most frequent first). A host-bound step loses its overlap with the GPU at every sync.
 
 With a profile directory (`--profile DIR`), one more step of ours and one of the raw parts run under
 torch.profiler after the timed ones: `e2e.profile.{phase}.{wall,device_busy}_s` say, per phase, how long it took and
