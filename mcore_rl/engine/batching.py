@@ -54,8 +54,8 @@ class MicroBatch:
     """megatron.core.packed_seq_params.PackedSeqParams for packed micro batches, else None."""
     seq_starts: list[int] = field(default_factory=list)
     """Packed: offset of each sequence in the [1, t] row. Padded: 0 for each row."""
-    host_loss_mask: Tensor | None = field(default=None, repr=False)
-    """The loss mask as the host had it before `to` moved the fields (None until then)."""
+    host_loss_mask: Tensor | None = field(default=None, init=False, repr=False)
+    """The loss mask as the host had it before `to` moved the fields (None until then; set by `to` alone)."""
     _logit_positions: tuple | None = field(default=None, init=False, repr=False)
 
     @property
