@@ -19,6 +19,8 @@ tensor crosses the process boundary as its own CUDA IPC handle and event (on an 
 
 `share` and `apply_shared` are the shared layout's (bridge.engine_layout.shared_plan): `share` keeps the trainer's
 own parameters (CUDA IPC handles, or shared memory on CPU) with a copy plan; each `apply_shared` runs the plan.
+`unshare` drops them before the engine is shut down: a CUDA IPC handle that the engine still holds when it is
+killed is never counted as released, and torch then warns about it when the trainer exits.
 
 A name may address one slice of a stacked engine parameter, `{name}[{i}]` (an MoE expert's slice of FusedMoE's
 `experts.w13_weight` / `w2_weight`, bridge.engine_layout.expert_slice): the loaders copy into `param[i]`, and the
@@ -39,7 +41,8 @@ SAVE = f"{__name__}.save"
 FLAT = f"{__name__}.load_flat"
 SHARE = f"{__name__}.share"
 APPLY_SHARED = f"{__name__}.apply_shared"
-LOADERS = (DESCRIBE, SAVE, FLAT, SHARE, APPLY_SHARED)
+UNSHARE = f"{__name__}.unshare"
+LOADERS = (DESCRIBE, SAVE, FLAT, SHARE, APPLY_SHARED, UNSHARE)
 
 # The trainer's parameters handed over by `share` (one set per engine process): token, ops, source tensors, and
 # the copy program compiled against one model object and its first parameter's storage (recompiled if either
@@ -143,6 +146,12 @@ def apply_shared(model, named_tensors) -> None:
     device = _SHARED["sources"][0].device
     if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()
+
+
+def unshare(model, named_tensors) -> None:
+    """SGLang custom loader: drop the shared trainer parameters (and the program compiled against them). Freeing
+    the tensors rebuilt from CUDA IPC handles tells the trainer's process that they are released."""
+    _SHARED.clear()
 
 
 def _weak(model):

@@ -81,8 +81,8 @@ class WeightReceiver:
     def alive(self) -> bool:
         return self.backend.dead_reason() is None
 
-    def _call(self, doing: str, fn, *args, **kwargs):
-        return self.backend.call(doing, self.timeout_s, fn, *args, **kwargs)
+    def _call(self, doing: str, fn, *args, timeout_s: float | None = None, **kwargs):
+        return self.backend.call(doing, timeout_s or self.timeout_s, fn, *args, **kwargs)
 
     # -- the session ------------------------------------------------------------------------------------------
     def begin_update(self) -> None:
@@ -204,6 +204,26 @@ class WeightReceiver:
         """share_parameters()' latest token (None before the first): it changes whenever they are handed over."""
         return self._shared_token
 
+    def unshare_parameters(self, timeout_s: float = 60.0) -> None:
+        """Have the engine drop the handles share_parameters() gave it (no-op before the first share). Call it
+        before the engine shuts down: the engine's processes are killed, and a CUDA IPC handle they still hold is
+        never counted as released, so torch prints a warning when the trainer's process exits."""
+        import torch
+
+        from mcore_rl.weight_sync.loaders import UNSHARE
+
+        if self._shared_token is None:
+            return
+        if self._sync is not None:
+            raise RuntimeError("unshare_parameters() called inside an open weight sync")
+        doing, named = "drop the shared parameters", [(self._shared_token, torch.empty(0))]
+        with self._session_outside_sync(timeout_s):
+            check_result(self._call(doing, self.backend.update_weights_from_tensor, named, flush_cache=False,
+                                    load_format=UNSHARE, timeout_s=timeout_s), doing)
+        self._shared_token = None
+        if torch.cuda.is_available():
+            torch.cuda.ipc_collect()  # the handles the engine released are freed on this side now, not at exit
+
     def update_from_shared(self) -> None:
         """Inside an open sync: the engine copies the shared parameters (share_parameters) into its own. The
         caller must have finished writing them (on GPUs: synchronized its stream).
@@ -277,15 +297,17 @@ class WeightReceiver:
             shutil.rmtree(folder, ignore_errors=True)
 
     @contextlib.contextmanager
-    def _session_outside_sync(self):
+    def _session_outside_sync(self, timeout_s: float | None = None):
         """An SGLang weight-update session of its own (no flush, no version bump) around a loader call made outside
-        an open sync; inside one, the sync's session serves."""
-        own_session = self._sync is None and self._call("begin a weight update", self.backend.begin_weight_update)
+        an open sync; inside one, the sync's session serves. timeout_s: per call (default: the receiver's)."""
+        own_session = self._sync is None and self._call("begin a weight update", self.backend.begin_weight_update,
+                                                          timeout_s=timeout_s)
         try:
             yield
         finally:
             if own_session:
-                check_result(self._call("end a weight update", self.backend.end_weight_update), "end a weight update")
+                check_result(self._call("end a weight update", self.backend.end_weight_update, timeout_s=timeout_s),
+                             "end a weight update")
 
     # -- broadcast (engine side; DistributedWeightSender drives both sides) ------------------------------------
     def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,

@@ -6,6 +6,10 @@ PP=1), does it.
 
 from __future__ import annotations
 
+import logging
+
+logger = logging.getLogger(__name__)
+
 
 class SharedParams:
     """Rank 0's side of the shared layout: the actor's parameters are handed to the engine once, as handles; each
@@ -64,4 +68,14 @@ class SharedSender:
         return receiver.version, nbytes
 
     def close(self) -> None:
-        pass
+        """Before the engine shuts down: the engine drops its handles to the actor's parameters. Best effort: an
+        engine that is gone already holds nothing, and shutting down goes on either way."""
+        if self.shared is None:
+            return
+        receiver = self.shared.receiver
+        try:
+            if receiver.alive:
+                receiver.unshare_parameters()
+        except Exception as e:  # noqa: BLE001 - shutting down: say why, do not stop the shutdown
+            logger.warning("the engine did not drop the shared parameters before its shutdown (%s: %s); torch may "
+                        "warn about unreleased CUDA tensors at exit", type(e).__name__, e)

@@ -10,7 +10,8 @@ again as separate tensors (SGLang's load_format="direct") -> D; reload; the shar
 actor parameter in place and sync shared again (nothing handed over again) -> S2, against an engine-layout sync
 of the same weights; give the final norm new storage and sync shared (handed over again) -> S3, against the
 engine layout. Then the cache flush: greedy log-probs of a prompt whose KV was cached before a shared sync must
-equal those after an explicit flush, and (control) differ after a sync that skipped the flush. Writes
+equal those after an explicit flush, and (control) differ after a sync that skipped the flush. Last, closing the
+shared layout's sync has the engine drop the actor's shared-memory segments (its processes map none of them). Writes
 OUT/result.json with, per model, whether E == H == D == S1, S2 == E2, S3 == E3 bit for bit, whether every parameter
 changed (E != S0, S2 != S1), the flush checks, the layouts that ran and the names.
 """
@@ -22,6 +23,17 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def mapped_segments() -> int:
+    """How many of this process's torch shared-memory segments the engine's processes map."""
+    import psutil
+
+    mine, count = f"/torch_{os.getpid()}_", 0
+    for child in psutil.Process().children(recursive=True):
+        with open(f"/proc/{child.pid}/maps") as maps:
+            count += sum(mine in line for line in maps)
+    return count
 
 
 def check_model(model: str, scratch: str) -> dict:
@@ -142,6 +154,13 @@ def check_model(model: str, scratch: str) -> dict:
         s4 = weights.save_parameters()
         engine_sync.sync()
         e4 = weights.save_parameters()
+        # Closing the shared layout's sync (before the engine's shutdown) has the engine drop its handles: its
+        # processes then map none of this process's shared-memory segments (on a GPU: no CUDA IPC handle left
+        # open, which torch would warn about at exit).
+        mapped_before = mapped_segments()
+        shared_sync.close()
+        out.update(shared_mapped_before_close=mapped_before, shared_mapped_after_close=mapped_segments(),
+                   shared_token_after_close=weights.shared_token)
         out.update(
             shared_after_reload_equals_engine=[n for n in s4 if not torch.equal(s4[n], e4[n])] == [],
             flush_with_shared_sync=after_sync == fresh,

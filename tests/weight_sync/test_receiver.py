@@ -167,6 +167,27 @@ def test_shared_parameters_flush_within_the_copy_unless_requests_may_run():
     assert weights.shared_token == token
 
 
+def test_unshare_drops_the_engine_handles_in_a_session_of_its_own():
+    from mcore_rl.weight_sync import loaders
+
+    weights, backend = receiver()
+    weights.unshare_parameters()  # nothing shared yet: no call at all
+    assert backend.log == []
+    source = [torch.full((2, 3), 5.0), torch.full((4,), 7.0)]
+    weights.share_parameters(source, [["w", [2, 3], 0, 2], ["b", [4], 1, 4]])
+    with weights.weight_update():
+        weights.update_from_shared()
+        with pytest.raises(RuntimeError, match="inside an open weight sync"):
+            weights.unshare_parameters()
+    assert loaders._SHARED["sources"][0].data_ptr() == source[0].data_ptr() and "program" in loaders._SHARED
+    del backend.log[:]
+    weights.unshare_parameters()
+    assert backend.log == [("begin",), ("update", "unshare", False), ("end",)]  # no flush, no version
+    assert loaders._SHARED == {} and weights.shared_token is None and weights.version == 1
+    with pytest.raises(RuntimeError, match=r"before share_parameters"), weights.weight_update():
+        weights.update_from_shared()
+
+
 def test_without_our_loaders_the_engine_layout_says_why():
     weights, _ = receiver(weight_loaders=False)
     with pytest.raises(ValueError, match=r"cannot list the engine's parameters: the engine was started without our "

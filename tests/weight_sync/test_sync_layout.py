@@ -49,6 +49,8 @@ def test_engine_layout_equals_hf_layout(tmp_path):
         # the shared sync flushes the prefix cache within its copy call; a sync without a flush serves stale KV
         assert r["flush_with_shared_sync"] and r["stale_without_flush"], (name, r)
         assert r["shared_after_reload_equals_engine"], name  # the engine reloaded from disk after the plan compiled
+        assert r["shared_mapped_before_close"] > 0 and r["shared_mapped_after_close"] == 0, (name, r)
+        assert r["shared_token_after_close"] is None, name
         assert r["version"] == 5, name  # engine, disk, hf, disk, engine (the refused bucket bumps nothing)
         assert "not engine parameters: model.layers.0.self_attn.q_proj.weight" in r["bad_name_error"], r
         assert r["alive_after_bad_name"], name
