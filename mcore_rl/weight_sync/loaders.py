@@ -19,8 +19,8 @@ tensor crosses the process boundary as its own CUDA IPC handle and event (on an 
 
 `share` and `apply_shared` are the shared layout's (bridge.engine_layout.shared_plan): `share` keeps the trainer's
 own parameters (CUDA IPC handles, or shared memory on CPU) with a copy plan; each `apply_shared` runs the plan.
-`unshare` drops them before the engine is shut down: a CUDA IPC handle that the engine still holds when it is
-killed is never counted as released, and torch then warns about it when the trainer exits.
+`unshare` drops them before the engine is shut down: the engine's processes are killed, and a CUDA IPC handle (or
+shared-memory mapping) they still hold is never given back to the trainer's process.
 
 A name may address one slice of a stacked engine parameter, `{name}[{i}]` (an MoE expert's slice of FusedMoE's
 `experts.w13_weight` / `w2_weight`, bridge.engine_layout.expert_slice): the loaders copy into `param[i]`, and the

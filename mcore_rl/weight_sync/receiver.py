@@ -207,7 +207,7 @@ class WeightReceiver:
     def unshare_parameters(self, timeout_s: float = 60.0) -> None:
         """Have the engine drop the handles share_parameters() gave it (no-op before the first share). Call it
         before the engine shuts down: the engine's processes are killed, and a CUDA IPC handle they still hold is
-        never counted as released, so torch prints a warning when the trainer's process exits."""
+        never counted as released in the trainer's process (torch keeps such memory until the process exits)."""
         import torch
 
         from mcore_rl.weight_sync.loaders import UNSHARE

@@ -77,5 +77,5 @@ class SharedSender:
             if receiver.alive:
                 receiver.unshare_parameters()
         except Exception as e:  # noqa: BLE001 - shutting down: say why, do not stop the shutdown
-            logger.warning("the engine did not drop the shared parameters before its shutdown (%s: %s); torch may "
-                        "warn about unreleased CUDA tensors at exit", type(e).__name__, e)
+            logger.warning("the engine did not drop the shared parameters before its shutdown (%s: %s)",
+                           type(e).__name__, e)

@@ -200,3 +200,21 @@ def test_disk_reload_is_a_complete_sync():
     weights.stale = "an earlier failure"
     assert weights.update_weights_from_disk("/ckpt") == 1 and weights.stale is None
     assert backend.log == [("disk", "/ckpt"), ("flush",)]
+
+
+def test_closing_the_shared_sender_survives_an_engine_that_fails_the_unshare(caplog):
+    from types import SimpleNamespace
+
+    from mcore_rl.weight_sync.shared import SharedSender
+
+    weights, backend = receiver()
+    weights.share_parameters([torch.zeros(2, 3), torch.zeros(4)], [["w", [2, 3], 0, 2], ["b", [4], 1, 4]])
+
+    def refuse(named_tensors, flush_cache, load_format=None):
+        return False, "the scheduler is busy"
+
+    backend.update_weights_from_tensor = refuse
+    SharedSender(SimpleNamespace(receiver=weights)).close()  # logs, does not raise: the shutdown goes on
+    assert "did not drop the shared parameters" in caplog.text and "the scheduler is busy" in caplog.text
+    assert backend.log[-1] == ("end",)  # the session it opened is closed again
+    SharedSender(None).close()  # ranks other than 0 hold nothing
