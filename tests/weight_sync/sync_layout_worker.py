@@ -155,8 +155,7 @@ def check_model(model: str, scratch: str) -> dict:
         engine_sync.sync()
         e4 = weights.save_parameters()
         # Closing the shared layout's sync (before the engine's shutdown) has the engine drop its handles: its
-        # processes then map none of this process's shared-memory segments (on a GPU: no CUDA IPC handle left
-        # open, which torch would warn about at exit).
+        # processes then map none of this process's shared-memory segments.
         mapped_before = mapped_segments()
         shared_sync.close()
         out.update(shared_mapped_before_close=mapped_before, shared_mapped_after_close=mapped_segments(),
