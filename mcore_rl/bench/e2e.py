@@ -18,6 +18,13 @@ update computes logits at every position, as Megatron does; ours, like the train
 only at the response tokens the loss reads (`e2e.lm_head`; --lm-head all does the raw update's work).
 `e2e.ratio_vs_raw_parts` = raw parts / our step (1.0 = no overhead; below 1 = slower).
 
+`e2e.ratio_same_work` charges the raw side the same forward-only passes: `e2e.raw_forward_passes` (1 with a
+reference, 1 more with recomputed old log-probs) forward passes of the raw Megatron model over the same token ids,
+with labels (Megatron's per-token cross entropy, the log-probs' negation), no grad, in micro batches of the
+forward-only budget (`e2e.raw_forward_s`, timed with the raw parts but outside `e2e.raw_parts_s`). It is the step's
+overhead over the libraries doing all the work it does; `e2e.ratio_vs_raw_parts` also counts the price of the KL
+term's reference model.
+
 --rollout-mode one_step_off_policy overlaps as the trainer's trainer.rollout_mode does (docs/async.md): each step
 starts generating the next step's batch, on a thread, with the weights it trains from, then runs its forward
 passes and update, waits for that generation to finish (`e2e.sync_wait_s`) and syncs. `e2e.rollout_s` is then
@@ -233,6 +240,9 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
     raw_train = RawMegatron(hf, ModelConfig(dtype=model_dtype(), attention=attention, max_seq_len=4096,
                                             lm_head="all"), ParallelConfig())
     copy = PlainCopy(baseline_exporter(step.sync, actor.model_chunks, hf, bucket_bytes))
+    # forward-only passes our step runs besides the update (the reference's log-probs, the old policy's when
+    # recomputed): the raw side's same work is that many forward passes of the raw model over the same tokens
+    passes = int(ref is not None) + int(step.recompute)
 
     def raw_parts() -> dict[str, float]:
         gen, _ = phase("raw.rollout", lambda: raw.generate(input_ids=raw_ids, sampling_params=raw_params,
@@ -241,7 +251,12 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
         # micro batches of at most the token budget our update packs into one micro batch
         upd, _ = phase("raw.update", lambda: raw_train.step(ids, max(1, max_tokens_per_micro_batch // ids.size(1))))
         cp, _ = phase("raw.sync", copy)
-        return {"rollout": gen, "update": upd, "sync": cp}
+        parts = {"rollout": gen, "update": upd, "sync": cp}
+        if passes:  # not in raw_parts_s (the figure as it has always been), only in the same-work figure
+            rows = max(1, step.forward_max_tokens // ids.size(1))
+            parts["forward"], _ = phase("raw.forward", lambda: [raw_train.forward_only(ids, rows)
+                                                                for _ in range(passes)])
+        return parts
 
     if graphs_both and actor.graphed is None:
         raise ValueError("graphs_both needs engines whose forward passes run from CUDA graphs (model."
@@ -259,7 +274,7 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
         ours(), raw_parts()
     for _ in range(warmup + 1 if graphs_both else 0):
         graphed()
-    mine, theirs, totals, raw_totals, g_mine, g_totals = [], [], [], [], [], []
+    mine, theirs, totals, raw_totals, same_totals, g_mine, g_totals = [], [], [], [], [], [], []
     tokens = 0
     in_update = {}
     for _ in range(repeats):  # interleaved
@@ -274,9 +289,11 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
             in_update["e2e.graphs."] = step.ref_in_update
         r = raw_parts()
         theirs.append(r)
-        raw_totals.append(sum(r.values()))
+        raw_totals.append(r["rollout"] + r["update"] + r["sync"])
+        same_totals.append(sum(r.values()))
     out = {"e2e.num_samples": len(raw_ids), "e2e.new_tokens": tokens, "e2e.train_tokens": int(step.last_ids.numel()),
-           "e2e.raw_parts_s": median(raw_totals),
+           "e2e.raw_parts_s": median(raw_totals), "e2e.raw_forward_passes": passes,
+           "e2e.raw_parts_same_work_s": median(same_totals),
            "e2e.old_logprobs_mode": "recompute" if step.recompute else "skip", "e2e.sync_layout": step.sync.layout,
            "e2e.lm_head": actor.model_info.lm_head,
            "e2e.forward_max_tokens_per_micro_batch": step.forward_max_tokens, "e2e.rollout_mode": rollout_mode,
@@ -288,6 +305,7 @@ def run(engine, actor, ref, hf: dict, prompts: list[list[int]], n: int, max_new_
         out[f"{prefix}step_s"] = median(step_totals)
         out[f"{prefix}ref_in_update"] = in_update[prefix]
         out[f"{prefix}ratio_vs_raw_parts"] = out["e2e.raw_parts_s"] / out[f"{prefix}step_s"]
+        out[f"{prefix}ratio_same_work"] = out["e2e.raw_parts_same_work_s"] / out[f"{prefix}step_s"]
         for part in steps[0]:
             out[f"{prefix}{part}_s"] = median([o[part] for o in steps])
         out[f"{prefix}other_s"] = out[f"{prefix}step_s"] - sum(out[f"{prefix}{p}_s"] for p in steps[0])

@@ -113,6 +113,15 @@ class RawMegatron:
         self.ddp[0].finish_grad_sync()
         self.opt.step()
 
+    @torch.no_grad()
+    def forward_only(self, ids: torch.Tensor, micro_batch_rows: int | None = None) -> None:
+        """The raw counterpart of a forward-only pass (a reference model's or the old policy's log-probs): forward
+        with labels, Megatron's per-token cross entropy (minus the log-probs), no backward."""
+        rows = ids.size(0) if micro_batch_rows is None else max(1, micro_batch_rows)
+        for chunk in ids.split(rows):
+            pos = torch.arange(chunk.size(1), device=chunk.device).expand_as(chunk)
+            self.ddp[0](chunk, pos, None, labels=torch.roll(chunk, -1, dims=1))
+
 
 def _module_kinds(engine, names) -> str:
     """Which of these module classes the engine's model holds (what a layer spec or setting resolved to)."""

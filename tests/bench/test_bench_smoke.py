@@ -25,6 +25,7 @@ KEYS = [
     "weight_sync.shared.seconds", "weight_sync.shared.ratio_vs_copy",
     "e2e.step_s", "e2e.raw_parts_s", "e2e.ratio_vs_raw_parts", "e2e.rollout_s", "e2e.ref_logprobs_s",
     "e2e.update_s", "e2e.sync_s", "e2e.raw_rollout_s", "e2e.raw_update_s", "e2e.raw_sync_s",
+    "e2e.raw_forward_s", "e2e.raw_parts_same_work_s", "e2e.ratio_same_work",
 ]
 
 pytestmark = pytest.mark.slow
@@ -60,6 +61,11 @@ def test_all_writes_every_figure(tmp_path, model):
     assert figures["weight_sync.export_seconds_per_gb"] is None  # the shared layout exports nothing
     # e2e's step is one update from the whole batch: --old-logprobs auto (the default) skips that forward
     assert figures["e2e.old_logprobs_mode"] == "skip" and figures["e2e.old_logprobs_s"] == 0
+    # the same work on the raw side: one forward pass (the reference's), outside raw_parts_s (one repeat, so the
+    # medians are the single values)
+    assert figures["e2e.raw_forward_passes"] == 1
+    assert figures["e2e.raw_parts_same_work_s"] == pytest.approx(figures["e2e.raw_parts_s"]
+                                                                 + figures["e2e.raw_forward_s"])
     assert "rollout.ratio_vs_raw" in proc.stdout  # the table
 
 
@@ -93,8 +99,13 @@ def test_e2e_one_step_off_policy_writes_its_figures(tmp_path):
             assert math.isfinite(figures[f"{prefix}{part}_s"]) and figures[f"{prefix}{part}_s"] > 0, (prefix, part)
         assert figures[f"{prefix}ratio_vs_raw_parts"] == pytest.approx(figures["e2e.raw_parts_s"]
                                                                        / figures[f"{prefix}step_s"])
+        assert figures[f"{prefix}ratio_same_work"] == pytest.approx(figures["e2e.raw_parts_same_work_s"]
+                                                                    / figures[f"{prefix}step_s"])
+    # reference and recomputed old log-probs: two raw forward passes in the same-work figure
+    assert figures["e2e.raw_forward_passes"] == 2 and figures["e2e.raw_forward_s"] > 0
+    assert figures["e2e.raw_parts_same_work_s"] > figures["e2e.raw_parts_s"]
     # the profiled step: every phase of both sides timed (no GPU here, so no kernel time)
-    for key in ("rollout", "update", "sync", "raw_rollout", "raw_update", "raw_sync"):
+    for key in ("rollout", "update", "sync", "raw_rollout", "raw_update", "raw_sync", "raw_forward"):
         assert figures[f"e2e.profile.{key}.wall_s"] > 0, key
         assert figures[f"e2e.profile.{key}.device_busy_s"] == 0, key
     tables = (tmp_path / "prof" / "e2e_profile.txt").read_text()
