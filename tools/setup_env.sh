@@ -28,4 +28,4 @@ $PIP --no-deps -e .
 SITE=$(python -c "import site; print(site.getsitepackages()[0])")
 echo "import importlib.util as _u; _u.find_spec('mcore_rl') and __import__('mcore_rl._torchvision_shim').__dict__['_torchvision_shim'].arm()" \
     > "$SITE/mcore_rl_torchvision_shim.pth"
-python -c "import torch, megatron.core, transformers, sglang, torchvision; print('mcore-rl env ready: torch', torch.__version__, '| megatron-core', megatron.core.__version__, '| sglang', sglang.__version__)"
+python -W ignore::UserWarning -c "import torch, megatron.core, transformers, sglang, torchvision; print('mcore-rl env ready: torch', torch.__version__, '| megatron-core', megatron.core.__version__, '| sglang', sglang.__version__)"

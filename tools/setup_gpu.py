@@ -190,9 +190,11 @@ def plan(p: dict, *, venv: Path | None, with_te: bool, constraints_path: Path,
                  "-e", str(ROOT)])
     if with_te:
         cmds.append([*pip, "--no-build-isolation", "-c", str(constraints_path), TE])
-    cmds.append([py, "-c", "import torch, sglang, sgl_kernel, megatron.core, mcore_rl; print('mcore-rl GPU env "
-                 "ready: torch', torch.__version__, '| CUDA', torch.version.cuda, '| sglang', sglang.__version__, "
-                 "'| megatron-core', megatron.core.__version__)"])
+    # -W: Megatron's import warns that TE / apex are absent (optional here; the notes after the install say so)
+    cmds.append([py, "-W", "ignore::UserWarning", "-c",
+                 "import torch, sglang, sgl_kernel, megatron.core, mcore_rl; print('mcore-rl GPU env ready: torch', "
+                 "torch.__version__, '| CUDA', torch.version.cuda, '| sglang', sglang.__version__, '| megatron-core', "
+                 "megatron.core.__version__)"])
     return cmds
 
 
