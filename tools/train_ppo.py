@@ -54,5 +54,11 @@ if __name__ == "__main__":
     except ValueError as e:
         if int(os.environ.get("RANK", 0)) == 0:
             print(f"mcore_rl: {e}", file=sys.stderr, flush=True)
+        else:  # every rank finds the same error; rank 0 says it. Exiting first, another rank would have torchrun
+            # stop the rest, rank 0 perhaps before its message (seen on a loaded machine); torchrun ends this
+            # process as soon as rank 0 has exited, so the wait costs nothing
+            import time
+
+            time.sleep(20)
         sys.exit(2)
     main()
