@@ -209,9 +209,10 @@ class OutputLock:
 
     @classmethod
     def beside(cls, path: str | os.PathLike, what: str = "run", elsewhere: str = "another output path") -> "OutputLock":
-        """The lock of an output that is written elsewhere and renamed into place: `<path>.lock`, in its parent."""
+        """The lock of an output that is written elsewhere and renamed into place: `.<name>.lock` in its parent
+        (hidden, so that `ls` of the parent shows the outputs only)."""
         path = os.path.abspath(os.fspath(path))
-        return cls(path, what, lock_file=path + ".lock", elsewhere=elsewhere)
+        return cls(path, what, lock_file=lock_path_beside(path), elsewhere=elsewhere)
 
     def acquire(self) -> "OutputLock":
         import fcntl
@@ -244,6 +245,12 @@ class OutputLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def lock_path_beside(path: str | os.PathLike) -> str:
+    """`<parent>/.<name>.lock`: where the lock of an output renamed into place as a whole lives."""
+    head, name = os.path.split(os.path.abspath(os.fspath(path)))
+    return os.path.join(head, f".{name}.lock")
 
 
 def _read_holder(fd: int) -> dict:

@@ -54,7 +54,7 @@ def test_lock_is_released_when_the_holder_is_killed(tmp_path):
 
 def test_lock_beside_an_atomically_replaced_output(tmp_path):
     lock = OutputLock.beside(tmp_path / "converted", what="conversion")
-    assert lock.path == str(tmp_path / "converted") + ".lock"
+    assert lock.path == str(tmp_path / ".converted.lock")  # hidden, beside it
     with lock:
         with pytest.raises(OutputLockedError, match="in use by another conversion") as e:
             OutputLock.beside(tmp_path / "converted", elsewhere="another --out").acquire()

@@ -41,7 +41,9 @@ def ensure_hf_folder(cache_dir: str | os.PathLike | None = None, dtype: str = "f
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     # Several ranks may ask at once: one converts, the others wait on the lock and then find the folder.
-    with open(str(out) + ".lock", "w") as lock:
+    from mcore_rl.procs import lock_path_beside
+
+    with open(lock_path_beside(out), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _complete(out):
             return out

@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 
 from mcore_rl.bridge.hf_io import INDEX_FILE, SafetensorsReader, ShardedWriter, copy_side_files
 from mcore_rl.net import free_port
+from mcore_rl.procs import lock_path_beside
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "convert_hf.py"
@@ -137,7 +138,7 @@ def test_second_conversion_to_a_busy_output_is_refused(tiny_models, tmp_path):
         frozen = [psutil.Process(first.pid), *psutil.Process(first.pid).children(recursive=True)]
         for p in frozen:
             p.suspend()
-        holder = json.loads(Path(str(out) + ".lock").read_text())
+        holder = json.loads(Path(lock_path_beside(out)).read_text())
         assert holder["what"] == "conversion" and holder["pid"] in [p.pid for p in frozen]
 
         t0 = time.monotonic()
