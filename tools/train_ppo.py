@@ -23,6 +23,24 @@ if __name__ != "__main__":  # a process the run spawned (SGLang's scheduler) re-
 register()
 
 
+def rank0_says(error: Exception) -> None:
+    """Exit 2 on an error every rank found alike, with one line from rank 0. The other ranks wait first: exiting
+    before rank 0, one would have torchrun stop the rest, rank 0 perhaps before its message (seen on a loaded
+    machine). torchrun ends them as soon as rank 0 has exited, so the wait costs nothing: the run's stop-signal
+    handlers (which would note torchrun's SIGTERM and go on waiting) give way to the defaults first."""
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(f"mcore_rl: {error}", file=sys.stderr, flush=True)
+    else:
+        import signal
+        import time
+
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        time.sleep(20)
+    sys.exit(2)
+
+
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg) -> None:
     from mcore_rl.procs import OutputLockedError
@@ -34,9 +52,7 @@ def main(cfg) -> None:
 
         train(config)
     except OutputLockedError as e:  # one line from rank 0, not a traceback per rank
-        if int(os.environ.get("RANK", 0)) == 0:
-            print(f"mcore_rl: {e}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        rank0_says(e)
     except (ValueError, OSError) as e:  # user errors (config, paths, data, a full disk): one line per rank
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
@@ -52,13 +68,5 @@ if __name__ == "__main__":
         check_overrides(sys.argv[1:])  # in the output folder, failing with a traceback if it cannot
         check_output_dir(sys.argv[1:])
     except ValueError as e:
-        if int(os.environ.get("RANK", 0)) == 0:
-            print(f"mcore_rl: {e}", file=sys.stderr, flush=True)
-        else:  # every rank finds the same error; rank 0 says it. Exiting first, another rank would have torchrun
-            # stop the rest, rank 0 perhaps before its message (seen on a loaded machine); torchrun ends this
-            # process as soon as rank 0 has exited, so the wait costs nothing
-            import time
-
-            time.sleep(20)
-        sys.exit(2)
+        rank0_says(e)
     main()
