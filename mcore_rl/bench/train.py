@@ -79,6 +79,13 @@ def _pg_loss(normalizer):
     return loss_fn
 
 
+def _chunks(ids: torch.Tensor, micro_batch_rows: int | None):
+    """(ids, positions, next-token labels) of each micro batch of `micro_batch_rows` rows (default: one)."""
+    rows = ids.size(0) if micro_batch_rows is None else max(1, micro_batch_rows)
+    for chunk in ids.split(rows):
+        yield chunk, torch.arange(chunk.size(1), device=chunk.device).expand_as(chunk), torch.roll(chunk, -1, dims=1)
+
+
 class RawMegatron:
     """The raw baseline: GPTModel (same builder, same dims) forward with labels -> Megatron's vocab-parallel
     cross entropy, mean, backward, Megatron's distributed optimizer step. No packing, no log-prob gathering."""
@@ -102,12 +109,9 @@ class RawMegatron:
     def step(self, ids: torch.Tensor, micro_batch_rows: int | None = None) -> None:
         """One update on ids [b, s] (next-token labels), in micro batches of `micro_batch_rows` rows (gradients
         accumulate; default: one micro batch)."""
-        rows = ids.size(0) if micro_batch_rows is None else max(1, micro_batch_rows)
         self.ddp[0].zero_grad_buffer()
         self.opt.zero_grad()
-        for chunk in ids.split(rows):
-            pos = torch.arange(chunk.size(1), device=chunk.device).expand_as(chunk)
-            labels = torch.roll(chunk, -1, dims=1)
+        for chunk, pos, labels in _chunks(ids, micro_batch_rows):
             loss = self.ddp[0](chunk, pos, None, labels=labels).float().sum() / ids.numel()
             loss.backward()
         self.ddp[0].finish_grad_sync()
@@ -117,10 +121,8 @@ class RawMegatron:
     def forward_only(self, ids: torch.Tensor, micro_batch_rows: int | None = None) -> None:
         """The raw counterpart of a forward-only pass (a reference model's or the old policy's log-probs): forward
         with labels, Megatron's per-token cross entropy (minus the log-probs), no backward."""
-        rows = ids.size(0) if micro_batch_rows is None else max(1, micro_batch_rows)
-        for chunk in ids.split(rows):
-            pos = torch.arange(chunk.size(1), device=chunk.device).expand_as(chunk)
-            self.ddp[0](chunk, pos, None, labels=torch.roll(chunk, -1, dims=1))
+        for chunk, pos, labels in _chunks(ids, micro_batch_rows):
+            self.ddp[0](chunk, pos, None, labels=labels)
 
 
 def _module_kinds(engine, names) -> str:
